@@ -1,0 +1,72 @@
+"""Typed errors of the IR core. Each says what to fix; none is a crash."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Diagnostic:
+    """One MLIR diagnostic, located in the submitted text when MLIR knows where."""
+
+    message: str
+    line: int | None = None
+    column: int | None = None
+    severity: str = "error"
+    notes: tuple[str, ...] = ()
+
+    def __str__(self) -> str:
+        where = f"{self.line}:{self.column}: " if self.line is not None else ""
+        return f"{where}{self.severity}: {self.message}"
+
+    def to_json(self) -> dict:
+        return {
+            "message": self.message,
+            "line": self.line,
+            "column": self.column,
+            "severity": self.severity,
+            "notes": list(self.notes),
+        }
+
+
+class IRError(Exception):
+    """Base class: anything the IR core rejects about its input."""
+
+
+@dataclass
+class MLIRSyntaxError(IRError):
+    """The text (or bytecode) does not parse or does not verify."""
+
+    diagnostics: list[Diagnostic] = field(default_factory=list)
+    summary: str = "MLIR module does not parse"
+
+    def __str__(self) -> str:
+        lines = [self.summary] + [f"  {d}" for d in self.diagnostics]
+        return "\n".join(lines)
+
+
+class MLIRVerifyError(MLIRSyntaxError):
+    """The module parsed but the verifier rejected it."""
+
+
+@dataclass
+class ModuleTooLargeError(IRError):
+    ops: int
+    limit: int
+
+    def __str__(self) -> str:
+        return f"module has {self.ops} operations, more than the limit of {self.limit}"
+
+
+@dataclass
+class PlanError(IRError):
+    """A plan is malformed, breaks a rule (fuse groups) or MLIR cannot apply it."""
+
+    reason: str
+    group: int | None = None
+    diagnostics: list[Diagnostic] = field(default_factory=list)
+
+    def __str__(self) -> str:
+        where = f"group {self.group}: " if self.group is not None else ""
+        extra = "".join(f"\n  {d}" for d in self.diagnostics)
+        return f"{where}{self.reason}{extra}"

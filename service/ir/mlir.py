@@ -1,0 +1,58 @@
+"""The ONE module that imports the MLIR Python bindings.
+
+The upstream bindings ship inside `iree-base-compiler` (pinned in pyproject.toml). Swapping the
+provider means editing this file only. Everything else imports `ir`, `linalg`, ... from here.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import shutil
+import sys
+from pathlib import Path
+
+from iree.compiler import ir
+from iree.compiler.dialects import linalg
+from iree.compiler.dialects.transform import interpreter as transform_interpreter
+from iree.compiler.passmanager import PassManager
+
+__all__ = [
+    "ir",
+    "linalg",
+    "transform_interpreter",
+    "PassManager",
+    "context",
+    "provider_version",
+    "tool_path",
+]
+
+_PROVIDER = "iree-base-compiler"
+_context: ir.Context | None = None
+
+
+def context() -> ir.Context:
+    """This process's MLIR context. Creating one costs ~8 ms, so it is made once and reused.
+
+    MLIR objects never leave the process: callers pass MLIR text between processes.
+    """
+    global _context
+    if _context is None:
+        _context = ir.Context()
+    return _context
+
+
+def provider_version() -> str:
+    """Name and version of the MLIR provider; part of every decision key."""
+    return f"{_PROVIDER}=={importlib.metadata.version(_PROVIDER)}"
+
+
+def tool_path(name: str) -> str:
+    """Path of an IREE/MLIR command-line tool (iree-opt, iree-compile, ...) from the same wheels."""
+    here = Path(sys.executable).parent / name
+    if here.exists() and os.access(here, os.X_OK):
+        return str(here)
+    found = shutil.which(name)
+    if found is None:
+        raise FileNotFoundError(f"{name} not found next to {sys.executable} or on PATH")
+    return found

@@ -1,0 +1,87 @@
+"""MLIR text or bytecode -> verified module, or a typed error with line, column and message."""
+
+from __future__ import annotations
+
+from .errors import Diagnostic, MLIRSyntaxError, MLIRVerifyError, ModuleTooLargeError
+from .mlir import context, ir
+
+BYTECODE_MAGIC = b"ML\xefR"
+
+
+def _location(loc: ir.Location) -> tuple[int | None, int | None]:
+    """Line and column of a diagnostic: the first file location found inside `loc`."""
+    try:
+        flc = ir.FileLineColLoc(loc)
+        return flc.start_line, flc.start_col
+    except (TypeError, ValueError):
+        pass
+    for wrapper, inner in ((ir.CallSiteLoc, "caller"), (ir.NameLoc, "child_loc")):
+        try:
+            return _location(getattr(wrapper(loc), inner))
+        except (TypeError, ValueError, AttributeError):
+            continue
+    return None, None
+
+
+def diagnostics_of(err: ir.MLIRError) -> list[Diagnostic]:
+    """Typed diagnostics from an MLIRError (several when MLIR reports several)."""
+    out: list[Diagnostic] = []
+    for diag in err.error_diagnostics:
+        line, col = _location(diag.location)
+        out.append(
+            Diagnostic(
+                message=str(diag.message),
+                line=line,
+                column=col,
+                severity="error",
+                notes=tuple(str(n.message) for n in diag.notes),
+            )
+        )
+    if not out:
+        out.append(Diagnostic(message=str(err)))
+    return out
+
+
+def count_ops(module: ir.Module) -> int:
+    count = 0
+
+    def visit(_op: ir.Operation) -> ir.WalkResult:
+        nonlocal count
+        count += 1
+        return ir.WalkResult.ADVANCE
+
+    module.operation.walk(visit)
+    return count
+
+
+def parse_module(source: str | bytes, *, max_ops: int | None = None) -> ir.Module:
+    """Parse and verify MLIR text or bytecode in this process's context.
+
+    Raises MLIRSyntaxError (with diagnostics) for text MLIR cannot parse, MLIRVerifyError when
+    the verifier rejects the module, ModuleTooLargeError past `max_ops` operations.
+    """
+    if isinstance(source, (bytes, bytearray)) and not bytes(source).startswith(BYTECODE_MAGIC):
+        try:
+            source = bytes(source).decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise MLIRSyntaxError(
+                [Diagnostic(f"input is neither UTF-8 MLIR text nor MLIR bytecode ({exc.reason})")]
+            ) from None
+    if isinstance(source, str) and "\x00" in source:
+        raise MLIRSyntaxError([Diagnostic("MLIR text must not contain NUL characters")])
+    if isinstance(source, str) and not source.strip():
+        raise MLIRSyntaxError([Diagnostic("empty module: expected MLIR text with at least one func")])
+    with context():
+        try:
+            module = ir.Module.parse(source)
+        except ir.MLIRError as err:
+            raise MLIRSyntaxError(diagnostics_of(err)) from None
+        if max_ops is not None:
+            n = count_ops(module)
+            if n > max_ops:
+                raise ModuleTooLargeError(ops=n, limit=max_ops)
+        try:
+            module.operation.verify()
+        except ir.MLIRError as err:
+            raise MLIRVerifyError(diagnostics_of(err), summary="MLIR module does not verify") from None
+    return module
