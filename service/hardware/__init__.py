@@ -1,0 +1,1 @@
+"""Hardware models (memory hierarchy, compute peaks), built-in profiles and the analytical cost model."""

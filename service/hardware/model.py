@@ -1,0 +1,172 @@
+"""`HardwareModel`: what the cost model knows about a machine.
+
+Memory levels are listed outermost (main memory) to innermost (closest to the compute units).
+Efficiency factors default to 1.0 (the nominal figures); calibration fits them to measurements.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Self
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+
+class MemoryLevel(BaseModel):
+    """One level of the memory hierarchy."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(min_length=1, description="Level name, e.g. DRAM, L3, L2, L1, SRAM.")
+    capacity_bytes: int = Field(description="Capacity in bytes (per core unless `shared`).")
+    bandwidth_bytes_per_s: float = Field(
+        description="Bandwidth into the next inner level, bytes/s (whole chip if `shared`, else per core)."
+    )
+    shared: bool = Field(default=False, description="Shared by all cores (True) or private per core.")
+
+    @field_validator("capacity_bytes")
+    @classmethod
+    def _positive_capacity(cls, v: int) -> int:
+        if v <= 0:
+            raise ValueError(f"capacity_bytes must be > 0, got {v}")
+        return v
+
+    @field_validator("bandwidth_bytes_per_s")
+    @classmethod
+    def _positive_bandwidth(cls, v: float) -> float:
+        if not v > 0:
+            raise ValueError(f"bandwidth_bytes_per_s must be > 0, got {v}")
+        return v
+
+
+class Compute(BaseModel):
+    """Compute resources of the whole chip."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    peak_flops_per_s: dict[str, float] = Field(
+        description="Peak flops/s of the whole chip per element type, e.g. {'f32': 2.5e11}."
+    )
+    vector_width_bytes: int = Field(default=32, description="SIMD register width in bytes.")
+    cores: int = Field(default=1, description="Cores (CPU cores, SMs, NPU engines).")
+
+    @field_validator("peak_flops_per_s")
+    @classmethod
+    def _positive_peaks(cls, v: dict[str, float]) -> dict[str, float]:
+        if not v:
+            raise ValueError("peak_flops_per_s needs at least one element type, e.g. {'f32': 1e11}")
+        bad = {k: p for k, p in v.items() if not p > 0}
+        if bad:
+            raise ValueError(f"peak_flops_per_s must be > 0 for every element type, got {bad}")
+        return v
+
+    @field_validator("vector_width_bytes")
+    @classmethod
+    def _positive_vector(cls, v: int) -> int:
+        if v <= 0:
+            raise ValueError(f"vector_width_bytes must be > 0, got {v}")
+        return v
+
+    @field_validator("cores")
+    @classmethod
+    def _at_least_one_core(cls, v: int) -> int:
+        if v < 1:
+            raise ValueError(f"cores must be >= 1, got {v}")
+        return v
+
+    def peak_for(self, element_type: str) -> float:
+        """Peak flops/s for an element type; unknown types fall back to f32, then the slowest."""
+        if element_type in self.peak_flops_per_s:
+            return self.peak_flops_per_s[element_type]
+        if "f32" in self.peak_flops_per_s:
+            return self.peak_flops_per_s["f32"]
+        return min(self.peak_flops_per_s.values())
+
+
+class Calibration(BaseModel):
+    """Free parameters that calibration fits to measurements (1.0 = nominal figures)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    compute_efficiency: float = Field(default=1.0, gt=0, le=10, description="Fraction of peak flops reached.")
+    bandwidth_efficiency: dict[str, float] = Field(
+        default_factory=dict,
+        description="Fraction of nominal bandwidth reached, per level name (missing = 1.0).",
+    )
+    loop_overhead_scale: float = Field(default=1.0, gt=0, description="Multiplier on loop_overhead_s.")
+    fitted_on: list[str] = Field(default_factory=list, description="Workloads the fit used (provenance).")
+
+    @field_validator("bandwidth_efficiency")
+    @classmethod
+    def _positive_efficiencies(cls, v: dict[str, float]) -> dict[str, float]:
+        bad = {k: e for k, e in v.items() if not e > 0}
+        if bad:
+            raise ValueError(f"bandwidth_efficiency must be > 0 per level, got {bad}")
+        return v
+
+
+class HardwareModel(BaseModel):
+    """A machine as the cost model sees it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(min_length=1)
+    description: str = ""
+    memory_levels: list[MemoryLevel] = Field(
+        description="Outermost (main memory) first, innermost last: e.g. DRAM, L3, L2, L1."
+    )
+    compute: Compute
+    loop_overhead_s: float = Field(default=2e-9, ge=0, description="Cost of one loop iteration, seconds.")
+    # Largest vector tile (elements) the compiler accepts; None = no limit. On host-cpu IREE fails
+    # with "large vector sizes" at 8192 f32 elements (32 KiB).
+    max_vector_tile_bytes: int | None = Field(default=None, gt=0)
+    calibration: Calibration = Field(default_factory=Calibration)
+
+    @model_validator(mode="after")
+    def _hierarchy_is_sane(self) -> Self:
+        levels = self.memory_levels
+        if not levels:
+            raise ValueError("memory_levels is empty: give at least main memory, outermost first")
+        names = [lv.name for lv in levels]
+        if len(set(names)) != len(names):
+            raise ValueError(f"memory level names must be unique, got {names}")
+        for outer, inner in zip(levels, levels[1:]):
+            if inner.capacity_bytes > outer.capacity_bytes:
+                raise ValueError(
+                    f"capacities grow inward: {inner.name} ({inner.capacity_bytes} B) is larger than "
+                    f"{outer.name} ({outer.capacity_bytes} B); list levels outermost first"
+                )
+        unknown = set(self.calibration.bandwidth_efficiency) - set(names)
+        if unknown:
+            raise ValueError(f"calibration.bandwidth_efficiency names unknown levels {sorted(unknown)}")
+        return self
+
+    @property
+    def main_memory(self) -> MemoryLevel:
+        return self.memory_levels[0]
+
+    def level(self, name: str) -> MemoryLevel:
+        for lv in self.memory_levels:
+            if lv.name == name:
+                return lv
+        raise KeyError(f"no memory level {name!r} in {self.name}: {[lv.name for lv in self.memory_levels]}")
+
+    def effective_bandwidth(self, level: MemoryLevel) -> float:
+        """Bandwidth of a level for the whole chip, after calibration."""
+        eff = self.calibration.bandwidth_efficiency.get(level.name, 1.0)
+        per_chip = level.bandwidth_bytes_per_s if level.shared else level.bandwidth_bytes_per_s * self.compute.cores
+        return per_chip * eff
+
+    def effective_peak(self, element_type: str) -> float:
+        return self.compute.peak_for(element_type) * self.calibration.compute_efficiency
+
+    def effective_loop_overhead_s(self) -> float:
+        return self.loop_overhead_s * self.calibration.loop_overhead_scale
+
+    def canonical_json(self) -> str:
+        return json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+
+    def content_hash(self) -> str:
+        """First 16 hex chars of sha256 over the canonical JSON: part of every decision key."""
+        return hashlib.sha256(self.canonical_json().encode()).hexdigest()[:16]
