@@ -1,0 +1,603 @@
+"""Measure a tiling plan on this CPU with IREE: force it as a `compilation_info`, compile, time.
+
+A plan's levels map onto IREE's CPU lowering config (DESIGN.md, Candidates):
+level 0 -> `distribution`, level 1 -> `vector_common_parallel`, level 2 -> `vector_reduction`.
+The attribute is set on the anchor op with the real MLIR bindings, the module is compiled with
+`iree-compile` for the host CPU and timed with `iree-benchmark-module` (median over repetitions).
+IREE's own default (no attribute) is timed the same way, so the two are comparable.
+
+Failures are data, not crashes: a config IREE rejects is a `Measurement(ok=False, error=...)`.
+Ops whose forced config IREE ignores (convolutions in this version) raise `NotMeasurable`
+instead of producing a measurement of IREE's own config under the plan's name.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import re
+import statistics
+import subprocess
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, Union
+
+import numpy as np
+from pydantic import BaseModel, Field
+
+from service.ir.mlir import context, ir, linalg, tool_path
+
+PARALLEL = "parallel"
+REDUCTION = "reduction"
+DEFAULT_PIPELINE = "DoubleTilingExpert"
+
+# IREE 3.13 on CPU: vector tiles of this many f32 elements (32 KiB) or more fail to compile with
+# "large vector sizes" (DESIGN.md). Exposed so that the host-cpu model can call them infeasible.
+MAX_VECTOR_TILE_BYTES = 32 * 1024
+
+# Ops whose `compilation_info` IREE 3.13 silently drops and replaces with its own config.
+_IGNORED_CONFIG_PREFIXES = ("linalg.conv_", "linalg.depthwise_conv_", "linalg.pooling_")
+
+# Ops never counted when anchors are addressed by index among linalg ops (they are region
+# terminators / helpers, not tileable ops).
+_NOT_TILEABLE = frozenset({"linalg.yield", "linalg.index"})
+
+_COMPILE_FLAGS = (
+    "--iree-hal-target-device=local",
+    "--iree-hal-local-target-device-backends=llvm-cpu",
+    "--iree-llvmcpu-target-cpu=host",
+)
+_BENCH_DEVICE = "local-task"
+
+_NUMPY_DTYPES = {
+    "f16": np.float16,
+    "f32": np.float32,
+    "f64": np.float64,
+    "i8": np.int8,
+    "i16": np.int16,
+    "i32": np.int32,
+    "i64": np.int64,
+    "i1": np.bool_,
+}
+
+
+class NotMeasurable(Exception):
+    """This plan cannot be measured with IREE's compilation_info on this version; says why."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+class LoweringConfig(BaseModel):
+    """IREE CPU lowering config of one op: tile sizes per IREE tiling level, over its loop dims."""
+
+    distribution: list[int]
+    vector_common_parallel: list[int]
+    vector_reduction: list[int]
+    anchor: str | None = Field(default=None, description="which op it is on, for reports")
+
+
+class Measurement(BaseModel):
+    """One timed compile of a module. ok=False carries IREE's first error line, no timing."""
+
+    ok: bool
+    median_s: float | None = None
+    samples_s: list[float] = Field(default_factory=list)
+    error: str | None = None
+    config: list[LoweringConfig] = Field(
+        default_factory=list,
+        description="forced configs, or for IREE's default the configs IREE chose",
+    )
+    iree_version: str
+
+
+class Comparison(BaseModel):
+    """A forced plan and IREE's default, measured on the same inputs in one call."""
+
+    forced: Measurement
+    default: Measurement
+
+    @property
+    def speedup_over_default(self) -> float | None:
+        if self.forced.ok and self.default.ok and self.forced.median_s:
+            return self.default.median_s / self.forced.median_s
+        return None
+
+
+# --------------------------------------------------------------------------------------------
+# Pure mapping: plan levels -> IREE lowering config -> attribute text
+
+
+def _level_sizes(level: Any) -> list[int]:
+    sizes = level["tile_sizes"] if isinstance(level, Mapping) else level.tile_sizes
+    return [int(s) for s in sizes]
+
+
+def lowering_config_from_levels(
+    levels: Sequence[Any], iterator_types: Sequence[str], *, anchor: str | None = None
+) -> LoweringConfig:
+    """Map a group's tiling levels (outermost first) onto IREE's three CPU tiling levels.
+
+    level 0 -> distribution over parallel dims (IREE rejects reduction entries there),
+    level 1 -> vector_common_parallel (reduction entries 0),
+    level 2 -> vector_reduction (parallel entries 0). A missing level is all zeros (untiled).
+    Loop kinds are not mapped: IREE always distributes level 0 over workgroups.
+    """
+    if len(levels) > 3:
+        raise ValueError(f"IREE's CPU config has 3 tiling levels, the plan has {len(levels)}")
+    rank = len(iterator_types)
+    for kind in iterator_types:
+        if kind not in (PARALLEL, REDUCTION):
+            raise ValueError(f"unknown iterator type {kind!r}")
+    sized = [_level_sizes(level) for level in levels] + [[0] * rank] * (3 - len(levels))
+    for i, sizes in enumerate(sized):
+        if len(sizes) != rank:
+            raise ValueError(f"level {i} has {len(sizes)} tile sizes, the anchor has {rank} loops")
+        if any(s < 0 for s in sizes):
+            raise ValueError(f"level {i} has a negative tile size: {sizes}")
+    is_par = [kind == PARALLEL for kind in iterator_types]
+    return LoweringConfig(
+        distribution=[s if p else 0 for s, p in zip(sized[0], is_par)],
+        vector_common_parallel=[s if p else 0 for s, p in zip(sized[1], is_par)],
+        vector_reduction=[0 if p else s for s, p in zip(sized[2], is_par)],
+        anchor=anchor,
+    )
+
+
+def lowering_config_text(config: LoweringConfig) -> str:
+    return (
+        "#iree_cpu.lowering_config<"
+        f"distribution = {config.distribution}, "
+        f"vector_common_parallel = {config.vector_common_parallel}, "
+        f"vector_reduction = {config.vector_reduction}>"
+    )
+
+
+def compilation_info_text(config: LoweringConfig, pipeline: str = DEFAULT_PIPELINE) -> str:
+    """The `compilation_info` attribute text that forces `config` on an op (DESIGN.md syntax)."""
+    return (
+        "#iree_codegen.compilation_info<"
+        f"lowering_config = {lowering_config_text(config)}, "
+        "translation_info = #iree_codegen.translation_info<"
+        f"pipeline = #iree_cpu.pipeline<{pipeline}>>>"
+    )
+
+
+def vector_tile_elements(config: LoweringConfig) -> int:
+    """Elements of the innermost vector tile: product of non-zero vector_common_parallel sizes
+    times the non-zero reduction sizes. IREE 3.13 fails at >= 8192 f32 (MAX_VECTOR_TILE_BYTES)."""
+    n = 1
+    for s in config.vector_common_parallel + config.vector_reduction:
+        if s:
+            n *= s
+    return n
+
+
+# --------------------------------------------------------------------------------------------
+# Finding ops in a module
+
+# An anchor is: an int (op uid; until the IR core's graph lands, the index of the op among the
+# module's tileable linalg ops in pre-order), (op name, index among ops of that name), or a
+# predicate over ops.
+AnchorRef = Union[int, tuple[str, int], Callable[[ir.Operation], bool]]
+
+
+def _walk(module: ir.Module, keep: Callable[[ir.Operation], bool]) -> list[ir.Operation]:
+    found: list[ir.Operation] = []
+
+    def visit(op: ir.Operation) -> ir.WalkResult:
+        if keep(op):
+            found.append(op)
+        return ir.WalkResult.ADVANCE
+
+    module.operation.walk(visit, ir.WalkOrder.PRE_ORDER)
+    return found
+
+
+def linalg_ops(module: ir.Module) -> list[ir.Operation]:
+    """Tileable linalg ops in pre-order (the order anchors are numbered in, before uids)."""
+    return _walk(module, lambda op: op.name.startswith("linalg.") and op.name not in _NOT_TILEABLE)
+
+
+def find_anchor(module: ir.Module, anchor: AnchorRef) -> ir.Operation:
+    if isinstance(anchor, bool):
+        raise TypeError("anchor must be an op uid, (name, index) or a predicate")
+    if isinstance(anchor, int):
+        ops = linalg_ops(module)
+        if not 0 <= anchor < len(ops):
+            raise LookupError(f"no anchor op with uid {anchor}: the module has {len(ops)} linalg ops")
+        return ops[anchor]
+    if isinstance(anchor, tuple):
+        name, index = anchor
+        ops = _walk(module, lambda op: op.name == name)
+        if not 0 <= index < len(ops):
+            raise LookupError(f"no {name} #{index}: the module has {len(ops)} of them")
+        return ops[index]
+    ops = _walk(module, anchor)
+    if len(ops) != 1:
+        raise LookupError(f"anchor predicate matched {len(ops)} ops, expected exactly 1")
+    return ops[0]
+
+
+def _loop_count(op: ir.Operation) -> int:
+    maps = ir.ArrayAttr(op.attributes["indexing_maps"])
+    return ir.AffineMapAttr(maps[0]).value.n_dims
+
+
+def iterator_types_of(op: ir.Operation) -> list[str]:
+    """Iterator type (parallel / reduction) of each loop dim of a linalg op."""
+    if "iterator_types" in op.attributes:  # linalg.generic
+        kinds = [str(a) for a in ir.ArrayAttr(op.attributes["iterator_types"])]
+        return [REDUCTION if "reduction" in k else PARALLEL for k in kinds]
+    contraction = linalg.infer_contraction_dimensions(op)
+    if contraction is not None:
+        kinds = [PARALLEL] * _loop_count(op)
+        for d in contraction.k:
+            kinds[d] = REDUCTION
+        return kinds
+    conv = linalg.infer_convolution_dimensions(op)
+    if conv is not None:
+        kinds = [PARALLEL] * _loop_count(op)
+        for d in list(conv.filter_loop) + list(conv.input_channel):
+            kinds[d] = REDUCTION
+        return kinds
+    raise ValueError(f"cannot tell the iterator types of {op.name}")
+
+
+def _enclosing_func(op: ir.Operation) -> ir.Operation:
+    parent = op.parent
+    while parent is not None and parent.name != "func.func":
+        parent = parent.parent
+    if parent is None:
+        raise LookupError(f"{op.name} is not inside a func.func")
+    return parent
+
+
+def _func_name(func: ir.Operation) -> str:
+    return ir.StringAttr(func.attributes["sym_name"]).value
+
+
+@dataclass(frozen=True)
+class ArgumentSpec:
+    shape: tuple[int, ...]
+    element_type: str
+
+
+def function_arguments(func: ir.Operation) -> list[ArgumentSpec]:
+    """Shapes and element types of a func's tensor arguments; dynamic dims are NotMeasurable."""
+    ftype = ir.FunctionType(ir.TypeAttr(func.attributes["function_type"]).value)
+    args = []
+    for i, t in enumerate(ftype.inputs):
+        rt = t.maybe_downcast() if hasattr(t, "maybe_downcast") else t
+        if not isinstance(rt, ir.RankedTensorType):
+            raise NotMeasurable(f"argument {i} of @{_func_name(func)} is {t}, not a ranked tensor")
+        if not rt.has_static_shape:
+            raise NotMeasurable(
+                f"argument {i} of @{_func_name(func)} has dynamic dims ({t}): "
+                "benchmark a static specialization of the module"
+            )
+        args.append(ArgumentSpec(tuple(rt.shape), str(rt.element_type)))
+    return args
+
+
+# --------------------------------------------------------------------------------------------
+# Plan -> module with compilation_info attributes
+
+
+def _groups(plan: Any) -> list[Mapping[str, Any]]:
+    data = plan if isinstance(plan, Mapping) else plan.model_dump()
+    groups = data.get("groups") or []
+    if not groups:
+        raise ValueError("the plan has no groups")
+    return groups
+
+
+@dataclass(frozen=True)
+class ForcedModule:
+    """A module text with configs forced on its anchors, and what the benchmark needs."""
+
+    text: str
+    function: str
+    arguments: list[ArgumentSpec]
+    configs: list[LoweringConfig]
+
+
+def force_plan(
+    module_text: str,
+    plan: Any,
+    *,
+    anchor_of: Callable[[Any], AnchorRef] | None = None,
+    pipeline: str = DEFAULT_PIPELINE,
+) -> ForcedModule:
+    """Parse `module_text`, set each group's config as `compilation_info` on its anchor op.
+
+    `anchor_of` maps a group's `anchor` field to an AnchorRef (default: the field itself, an
+    int uid). Raises NotMeasurable for anchors whose config IREE would silently drop.
+    """
+    with context():
+        module = ir.Module.parse(module_text)
+        configs: list[LoweringConfig] = []
+        funcs: set[str] = set()
+        for group in _groups(plan):
+            ref = anchor_of(group["anchor"]) if anchor_of else group["anchor"]
+            op = find_anchor(module, ref)
+            if op.name.startswith(_IGNORED_CONFIG_PREFIXES):
+                raise NotMeasurable(
+                    f"{op.name}: IREE 3.13 silently drops a compilation_info on convolutions and "
+                    "keeps its own config, so a forced conv plan cannot be measured"
+                )
+            label = f"{group['anchor']} ({op.name})"
+            config = lowering_config_from_levels(group["levels"], iterator_types_of(op), anchor=label)
+            op.attributes["compilation_info"] = ir.Attribute.parse(compilation_info_text(config, pipeline))
+            configs.append(config)
+            funcs.add(_func_name(_enclosing_func(op)))
+        if len(funcs) != 1:
+            raise NotMeasurable(f"plan anchors span several functions {sorted(funcs)}: time one at a time")
+        (function,) = funcs
+        func = _walk(module, lambda op: op.name == "func.func" and _func_name(op) == function)[0]
+        return ForcedModule(str(module), function, function_arguments(func), configs)
+
+
+def default_module(module_text: str, function: str | None = None) -> ForcedModule:
+    """The module as is (IREE picks its own config), with the function to time."""
+    with context():
+        module = ir.Module.parse(module_text)
+        funcs = _walk(module, lambda op: op.name == "func.func")
+        if function is not None:
+            funcs = [f for f in funcs if _func_name(f) == function]
+        if not funcs:
+            raise LookupError(f"no func.func {'@' + function if function else ''} in the module")
+        func = funcs[0]
+        return ForcedModule(str(module), _func_name(func), function_arguments(func), [])
+
+
+# --------------------------------------------------------------------------------------------
+# Compile and benchmark (subprocesses, time limits)
+
+
+def iree_version() -> str:
+    return "; ".join(
+        f"{p}=={importlib.metadata.version(p)}" for p in ("iree-base-compiler", "iree-base-runtime")
+    )
+
+
+class ToolFailure(Exception):
+    """An IREE tool exited non-zero or timed out; `line` is the first error line."""
+
+    def __init__(self, line: str):
+        super().__init__(line)
+        self.line = line
+
+
+def first_error_line(stderr: str) -> str:
+    lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
+    for ln in lines:
+        if "error:" in ln or "ERROR" in ln or "INVALID_ARGUMENT" in ln:
+            return ln
+    return lines[0] if lines else "failed without a message"
+
+
+def compile_module(mlir_path: Path, vmfb_path: Path, configs_dir: Path, timeout_s: float) -> None:
+    """iree-compile for this host's CPU; dumps the chosen executable configurations too."""
+    cmd = [
+        tool_path("iree-compile"),
+        str(mlir_path),
+        *_COMPILE_FLAGS,
+        f"--iree-hal-dump-executable-configurations-to={configs_dir}",
+        "-o",
+        str(vmfb_path),
+    ]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        raise ToolFailure(f"iree-compile timed out after {timeout_s:g} s") from None
+    if proc.returncode != 0:
+        raise ToolFailure(first_error_line(proc.stderr))
+
+
+_LOWERING_CONFIG_RE = re.compile(r"#iree_cpu\.lowering_config<[^<>]*>")
+
+
+def chosen_lowering_configs(configs_dir: Path) -> list[str]:
+    """The lowering configs IREE used, as printed in its executable-configuration dumps."""
+    found: list[str] = []
+    for path in sorted(configs_dir.glob("*.mlir")):
+        found.extend(_LOWERING_CONFIG_RE.findall(path.read_text()))
+    return found
+
+
+def _config_from_text(text: str) -> LoweringConfig | None:
+    fields = dict(re.findall(r"(\w+) = \[([^\]]*)\]", text))
+    if "distribution" not in fields:
+        return None  # helper ops (e.g. the fill) get vector-only configs; not the root's
+    as_list = lambda s: [int(x) for x in s.split(",") if x.strip()]  # noqa: E731
+    return LoweringConfig(
+        distribution=as_list(fields["distribution"]),
+        vector_common_parallel=as_list(fields.get("vector_common_parallel", "")),
+        vector_reduction=as_list(fields.get("vector_reduction", "")),
+        anchor="chosen by IREE",
+    )
+
+
+def write_inputs(arguments: Sequence[ArgumentSpec], directory: Path, seed: int = 0) -> list[str]:
+    """`--input=` flags with random data of the arguments' shapes (.npy files)."""
+    rng = np.random.default_rng(seed)
+    flags = []
+    for i, arg in enumerate(arguments):
+        dtype = _NUMPY_DTYPES.get(arg.element_type)
+        if dtype is None:  # e.g. bf16: numpy has no dtype; a splat has the same timing
+            dims = "x".join(str(d) for d in arg.shape)
+            flags.append(f"--input={dims}{'x' if dims else ''}{arg.element_type}=1")
+            continue
+        if np.issubdtype(dtype, np.floating):
+            data = rng.standard_normal(arg.shape).astype(dtype)
+        else:
+            data = rng.integers(0, 2 if dtype is np.bool_ else 8, arg.shape).astype(dtype)
+        path = directory / f"arg{i}.npy"
+        np.save(path, data)
+        flags.append(f"--input=@{path}")
+    return flags
+
+
+def benchmark_module(
+    vmfb_path: Path,
+    function: str,
+    input_flags: Sequence[str],
+    *,
+    repetitions: int,
+    min_time_s: float,
+    timeout_s: float,
+) -> list[float]:
+    """Seconds per call, one sample per repetition (each the mean over that repetition's runs)."""
+    cmd = [
+        tool_path("iree-benchmark-module"),
+        f"--module={vmfb_path}",
+        f"--device={_BENCH_DEVICE}",
+        f"--function={function}",
+        *input_flags,
+        f"--benchmark_repetitions={repetitions}",
+        f"--benchmark_min_time={min_time_s:g}s",
+        "--benchmark_format=json",
+    ]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        raise ToolFailure(f"iree-benchmark-module timed out after {timeout_s:g} s") from None
+    if proc.returncode != 0:
+        raise ToolFailure(first_error_line(proc.stderr or proc.stdout))
+    try:
+        report = json.loads(proc.stdout)
+    except json.JSONDecodeError:
+        raise ToolFailure("iree-benchmark-module printed no JSON report") from None
+    scale = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0}
+    samples = [
+        b["real_time"] * scale[b["time_unit"]]
+        for b in report.get("benchmarks", [])
+        if b.get("run_type") == "iteration"
+    ]
+    if not samples:
+        raise ToolFailure("iree-benchmark-module reported no iterations")
+    return samples
+
+
+@dataclass(frozen=True)
+class BenchSettings:
+    repetitions: int = 5
+    min_time_s: float = 0.1
+    compile_timeout_s: float = 180.0
+    bench_timeout_s: float = 180.0
+
+
+def _measure(prepared: ForcedModule, workdir: Path, tag: str, settings: BenchSettings,
+             input_flags: Sequence[str]) -> Measurement:
+    mlir_path = workdir / f"{tag}.mlir"
+    vmfb_path = workdir / f"{tag}.vmfb"
+    configs_dir = workdir / f"{tag}_configs"
+    mlir_path.write_text(prepared.text)
+    version = iree_version()
+    try:
+        compile_module(mlir_path, vmfb_path, configs_dir, settings.compile_timeout_s)
+    except ToolFailure as failure:
+        return Measurement(ok=False, error=failure.line, config=prepared.configs, iree_version=version)
+    chosen = chosen_lowering_configs(configs_dir) if configs_dir.exists() else []
+    if prepared.configs:
+        # IREE may silently keep its own config; then timing it under the plan's name would lie.
+        for config in prepared.configs:
+            wanted = lowering_config_text(config)
+            if wanted not in chosen:
+                raise NotMeasurable(
+                    f"IREE did not keep the forced config {wanted} on {config.anchor}; "
+                    f"it used {chosen or 'nothing it reported'}"
+                )
+        reported = prepared.configs
+    else:
+        reported = [c for c in map(_config_from_text, chosen) if c is not None]
+    try:
+        samples = benchmark_module(
+            vmfb_path,
+            prepared.function,
+            input_flags,
+            repetitions=settings.repetitions,
+            min_time_s=settings.min_time_s,
+            timeout_s=settings.bench_timeout_s,
+        )
+    except ToolFailure as failure:
+        return Measurement(ok=False, error=failure.line, config=reported, iree_version=version)
+    return Measurement(
+        ok=True,
+        median_s=statistics.median(samples),
+        samples_s=samples,
+        config=reported,
+        iree_version=version,
+    )
+
+
+def measure_plan(
+    module_text: str,
+    plan: Any,
+    *,
+    settings: BenchSettings = BenchSettings(),
+    anchor_of: Callable[[Any], AnchorRef] | None = None,
+    keep_dir: Path | None = None,
+) -> Measurement:
+    """Force `plan` on the module, compile, time. Raises NotMeasurable (convs, dynamic shapes)."""
+    prepared = force_plan(module_text, plan, anchor_of=anchor_of)
+    with _workdir(keep_dir) as workdir:
+        flags = write_inputs(prepared.arguments, workdir)
+        return _measure(prepared, workdir, "forced", settings, flags)
+
+
+def measure_default(
+    module_text: str,
+    *,
+    function: str | None = None,
+    settings: BenchSettings = BenchSettings(),
+    keep_dir: Path | None = None,
+) -> Measurement:
+    """Time the module with IREE's own configs; `config` reports the ones IREE chose."""
+    prepared = default_module(module_text, function)
+    with _workdir(keep_dir) as workdir:
+        flags = write_inputs(prepared.arguments, workdir)
+        return _measure(prepared, workdir, "default", settings, flags)
+
+
+def measure_plan_and_default(
+    module_text: str,
+    plan: Any,
+    *,
+    settings: BenchSettings = BenchSettings(),
+    anchor_of: Callable[[Any], AnchorRef] | None = None,
+    keep_dir: Path | None = None,
+) -> Comparison:
+    """The forced plan and IREE's default on the same random inputs, compiled in one temp dir."""
+    forced = force_plan(module_text, plan, anchor_of=anchor_of)
+    default = default_module(module_text, forced.function)
+    with _workdir(keep_dir) as workdir:
+        flags = write_inputs(forced.arguments, workdir)
+        return Comparison(
+            forced=_measure(forced, workdir, "forced", settings, flags),
+            default=_measure(default, workdir, "default", settings, flags),
+        )
+
+
+class _workdir:
+    """A fresh temp dir per call (artifacts removed after), or `keep` to inspect them."""
+
+    def __init__(self, keep: Path | None):
+        self._keep = keep
+        self._tmp: tempfile.TemporaryDirectory | None = None
+
+    def __enter__(self) -> Path:
+        if self._keep is not None:
+            self._keep.mkdir(parents=True, exist_ok=True)
+            return self._keep
+        self._tmp = tempfile.TemporaryDirectory(prefix="tilesearch-measure-")
+        return Path(self._tmp.name)
+
+    def __exit__(self, *exc: object) -> Literal[False]:
+        if self._tmp is not None:
+            self._tmp.cleanup()
+        return False
