@@ -24,6 +24,11 @@ class MemoryLevel(BaseModel):
         description="Bandwidth into the next inner level, bytes/s (whole chip if `shared`, else per core)."
     )
     shared: bool = Field(default=False, description="Shared by all cores (True) or private per core.")
+    scratchpad: bool = Field(
+        default=False,
+        description="Software-managed memory (SRAM, GPU shared memory): a tile that does not fit is "
+        "infeasible. A cache that overflows only costs traffic.",
+    )
 
     @field_validator("capacity_bytes")
     @classmethod

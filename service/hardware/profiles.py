@@ -1,0 +1,223 @@
+"""Built-in hardware profiles, host detection, and JSON profiles from a directory.
+
+JSON profiles (e.g. a calibrated host-cpu written by `tilesearch calibrate`) live in
+`$TILESEARCH_HARDWARE_DIR` (default `./var/hardware`), one `<name>.json` each, and override the
+built-in of the same name.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from functools import cache
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from .model import Compute, HardwareModel, MemoryLevel
+
+log = logging.getLogger(__name__)
+
+KiB = 1024
+MiB = 1024 * KiB
+GiB = 1024 * MiB
+
+HARDWARE_DIR_ENV = "TILESEARCH_HARDWARE_DIR"
+DEFAULT_HARDWARE_DIR = "./var/hardware"
+
+
+class UnknownHardwareError(KeyError):
+    """No profile with that name; the message lists the known ones."""
+
+    def __init__(self, name: str, known: list[str]):
+        self.name = name
+        self.known = known
+        super().__init__(f"unknown hardware {name!r}; known: {', '.join(known)}")
+
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return self.args[0]
+
+
+# --- host detection --------------------------------------------------------------------------
+
+def _parse_size(text: str) -> int:
+    """'48K' / '1024K' / '32M' (sysfs cache size) -> bytes."""
+    text = text.strip().upper()
+    units = {"K": KiB, "M": MiB, "G": GiB}
+    if text and text[-1] in units:
+        return int(text[:-1]) * units[text[-1]]
+    return int(text)
+
+
+def read_sys_caches(cpu_dir: Path = Path("/sys/devices/system/cpu/cpu0")) -> list[dict]:
+    """Data/unified caches of one CPU from sysfs: [{level, size_bytes, shared_cpus}], outermost first."""
+    caches = []
+    for index in sorted((cpu_dir / "cache").glob("index*")):
+        try:
+            kind = (index / "type").read_text().strip()
+            if kind == "Instruction":
+                continue
+            shared_list = (index / "shared_cpu_list").read_text().strip()
+            caches.append(
+                {
+                    "level": int((index / "level").read_text()),
+                    "size_bytes": _parse_size((index / "size").read_text()),
+                    "shared_cpus": _count_cpu_list(shared_list),
+                }
+            )
+        except (OSError, ValueError) as exc:  # a partial sysfs (containers) is not fatal
+            log.warning("skipping %s: %s", index, exc)
+    return sorted(caches, key=lambda c: -c["level"])
+
+
+def _count_cpu_list(text: str) -> int:
+    """'0-3,6' -> 5."""
+    count = 0
+    for part in text.split(","):
+        if not part:
+            continue
+        lo, _, hi = part.partition("-")
+        count += int(hi or lo) - int(lo) + 1
+    return count
+
+
+def read_cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> set[str]:
+    try:
+        for line in cpuinfo.read_text().splitlines():
+            if line.startswith("flags"):
+                return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def vector_width_from_flags(flags: set[str]) -> int:
+    if "avx512f" in flags:
+        return 64
+    if "avx2" in flags or "avx" in flags:
+        return 32
+    return 16  # SSE / NEON
+
+
+# Bandwidths per core (private levels) or per chip (shared levels), bytes/s. Rough figures for a
+# current x86 server core; calibration fits efficiencies on top of them.
+_HOST_BANDWIDTH = {1: 200e9, 2: 100e9, 3: 60e9}
+_HOST_DRAM_BANDWIDTH = 25e9
+# Flops per cycle per core per f32 lane: FMA (2) x 2 FMA pipes; at an effective 2 GHz this gives
+# 256 GFLOP/s for 2 AVX-512 cores, the ~257 GFLOP/s numpy reaches here on a 1024^3 matmul.
+_HOST_EFFECTIVE_HZ = 2.0e9
+
+
+def detect_host_cpu(
+    cpu_dir: Path = Path("/sys/devices/system/cpu/cpu0"),
+    cpuinfo: Path = Path("/proc/cpuinfo"),
+    cores: int | None = None,
+) -> HardwareModel:
+    """The machine this runs on, from sysfs caches, os.cpu_count() and /proc/cpuinfo flags."""
+    cores = cores or os.cpu_count() or 1
+    caches = read_sys_caches(cpu_dir)
+    vector_width = vector_width_from_flags(read_cpu_flags(cpuinfo))
+    levels = [
+        MemoryLevel(name="DRAM", capacity_bytes=_dram_bytes(), bandwidth_bytes_per_s=_HOST_DRAM_BANDWIDTH, shared=True)
+    ]
+    if not caches:  # no sysfs: assume a small generic hierarchy
+        caches = [{"level": 2, "size_bytes": 1 * MiB, "shared_cpus": 1}, {"level": 1, "size_bytes": 32 * KiB, "shared_cpus": 1}]
+    for c in caches:
+        shared = c["shared_cpus"] > 1
+        bw = _HOST_BANDWIDTH.get(c["level"], 50e9)
+        levels.append(
+            MemoryLevel(name=f"L{c['level']}", capacity_bytes=c["size_bytes"], bandwidth_bytes_per_s=bw * (cores if shared else 1), shared=shared)
+        )
+    lanes_f32 = vector_width // 4
+    peak_f32 = cores * lanes_f32 * 2 * 2 * _HOST_EFFECTIVE_HZ
+    return HardwareModel(
+        name="host-cpu",
+        description=f"this machine: {cores} cores, {vector_width * 8}-bit vectors, caches from {cpu_dir}/cache",
+        memory_levels=levels,
+        compute=Compute(peak_flops_per_s={"f32": peak_f32, "bf16": 2 * peak_f32, "f16": 2 * peak_f32}, vector_width_bytes=vector_width, cores=cores),
+        loop_overhead_s=2e-9,
+        max_vector_tile_bytes=32 * KiB,  # IREE CPU: >= 8192 f32 vector elements fails to compile
+    )
+
+
+def _dram_bytes() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 16 * GiB
+
+
+# --- fixed profiles ----------------------------------------------------------------------------
+
+def npu_sram_256k() -> HardwareModel:
+    """Small-scratchpad accelerator (the seed's NSS): every tile must fit 256 KiB SRAM; DMA-bound."""
+    return HardwareModel(
+        name="npu-sram-256k",
+        description="DRAM + 256 KiB software-managed SRAM; tiles move by DMA",
+        memory_levels=[
+            MemoryLevel(name="DRAM", capacity_bytes=4 * GiB, bandwidth_bytes_per_s=16e9, shared=True),
+            MemoryLevel(name="SRAM", capacity_bytes=256 * KiB, bandwidth_bytes_per_s=512e9, shared=True, scratchpad=True),
+        ],
+        compute=Compute(peak_flops_per_s={"f32": 256e9, "bf16": 1e12, "i8": 4e12}, vector_width_bytes=64, cores=1),
+        loop_overhead_s=50e-9,  # a DMA descriptor per tile
+    )
+
+
+def gpu_h100() -> HardwareModel:
+    """NVIDIA H100 SXM, public figures (dense peaks)."""
+    return HardwareModel(
+        name="gpu-h100",
+        description="H100 SXM: 80 GB HBM3 3.35 TB/s, 50 MB L2, 228 KB shared memory per SM, 132 SMs",
+        memory_levels=[
+            MemoryLevel(name="HBM", capacity_bytes=80 * 10**9, bandwidth_bytes_per_s=3.35e12, shared=True),
+            MemoryLevel(name="L2", capacity_bytes=50 * MiB, bandwidth_bytes_per_s=12e12, shared=True),
+            MemoryLevel(name="SMEM", capacity_bytes=228 * KiB, bandwidth_bytes_per_s=250e9, shared=False, scratchpad=True),
+        ],
+        compute=Compute(peak_flops_per_s={"f32": 67e12, "bf16": 990e12, "f16": 990e12}, vector_width_bytes=128, cores=132),
+        loop_overhead_s=5e-9,
+    )
+
+
+_BUILTINS = {"host-cpu": detect_host_cpu, "npu-sram-256k": npu_sram_256k, "gpu-h100": gpu_h100}
+
+
+@cache
+def _builtin(name: str) -> HardwareModel:
+    return _BUILTINS[name]()
+
+
+def hardware_dir() -> Path:
+    return Path(os.environ.get(HARDWARE_DIR_ENV, DEFAULT_HARDWARE_DIR))
+
+
+def _json_profiles() -> dict[str, Path]:
+    directory = hardware_dir()
+    if not directory.is_dir():
+        return {}
+    return {p.stem: p for p in sorted(directory.glob("*.json"))}
+
+
+def list_profiles() -> list[str]:
+    return sorted(set(_BUILTINS) | set(_json_profiles()))
+
+
+def get_profile(name: str) -> HardwareModel:
+    """A profile by name: a JSON file in the hardware dir first, then the built-ins."""
+    path = _json_profiles().get(name)
+    if path is not None:
+        try:
+            return HardwareModel.model_validate_json(path.read_text())
+        except ValidationError as exc:
+            raise ValueError(f"hardware profile {path} is invalid: {exc}") from exc
+    if name in _BUILTINS:
+        return _builtin(name)
+    raise UnknownHardwareError(name, list_profiles())
+
+
+def save_profile(model: HardwareModel, directory: Path | None = None) -> Path:
+    """Write a profile as `<dir>/<name>.json` (used by calibration); returns the path."""
+    directory = directory or hardware_dir()
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{model.name}.json"
+    path.write_text(model.model_dump_json(indent=2))
+    return path
