@@ -37,8 +37,9 @@ DEFAULT_PIPELINE = "DoubleTilingExpert"
 # "large vector sizes" (DESIGN.md). Exposed so that the host-cpu model can call them infeasible.
 MAX_VECTOR_TILE_BYTES = 32 * 1024
 
-# Ops whose `compilation_info` IREE 3.13 silently drops and replaces with its own config.
-_IGNORED_CONFIG_PREFIXES = ("linalg.conv_", "linalg.depthwise_conv_", "linalg.pooling_")
+# Ops whose `compilation_info` IREE 3.13 silently drops and replaces with its own config (checked
+# for conv_2d; other ops are caught after compiling, by comparing with the configs IREE dumps).
+_IGNORED_CONFIG_PREFIXES = ("linalg.conv_", "linalg.depthwise_conv_")
 
 # Ops never counted when anchors are addressed by index among linalg ops (they are region
 # terminators / helpers, not tileable ops).
@@ -222,26 +223,26 @@ def find_anchor(module: ir.Module, anchor: AnchorRef) -> ir.Operation:
     return ops[0]
 
 
-def _loop_count(op: ir.Operation) -> int:
-    maps = ir.ArrayAttr(op.attributes["indexing_maps"])
-    return ir.AffineMapAttr(maps[0]).value.n_dims
-
-
 def iterator_types_of(op: ir.Operation) -> list[str]:
     """Iterator type (parallel / reduction) of each loop dim of a linalg op."""
     if "iterator_types" in op.attributes:  # linalg.generic
         kinds = [str(a) for a in ir.ArrayAttr(op.attributes["iterator_types"])]
         return [REDUCTION if "reduction" in k else PARALLEL for k in kinds]
-    contraction = linalg.infer_contraction_dimensions(op)
-    if contraction is not None:
-        kinds = [PARALLEL] * _loop_count(op)
-        for d in contraction.k:
-            kinds[d] = REDUCTION
-        return kinds
+    # Before contraction: a conv also matches contraction inference, on a subset of its dims.
     conv = linalg.infer_convolution_dimensions(op)
     if conv is not None:
-        kinds = [PARALLEL] * _loop_count(op)
+        groups = (conv.batch, conv.output_image, conv.output_channel, conv.filter_loop,
+                  conv.input_channel, conv.depth)
+        kinds = [PARALLEL] * sum(len(g) for g in groups)
         for d in list(conv.filter_loop) + list(conv.input_channel):
+            kinds[d] = REDUCTION
+        return kinds
+    contraction = linalg.infer_contraction_dimensions(op)
+    if contraction is not None:
+        # batch, m, n and k partition the loop dims, so they also give the loop count.
+        groups = (contraction.batch, contraction.m, contraction.n, contraction.k)
+        kinds = [PARALLEL] * sum(len(g) for g in groups)
+        for d in contraction.k:
             kinds[d] = REDUCTION
         return kinds
     raise ValueError(f"cannot tell the iterator types of {op.name}")

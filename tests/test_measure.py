@@ -1,0 +1,147 @@
+"""Measurement harness: plan levels -> IREE CPU config (pure), and real iree-compile runs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from service.ir.mlir import context, ir
+from service.measure.iree import (
+    BenchSettings,
+    LoweringConfig,
+    NotMeasurable,
+    compilation_info_text,
+    find_anchor,
+    force_plan,
+    iterator_types_of,
+    lowering_config_from_levels,
+    measure_plan,
+    measure_plan_and_default,
+    vector_tile_elements,
+)
+
+WORKLOADS = Path("/work/shared/workloads")
+MATMUL_ITERS = ["parallel", "parallel", "reduction"]
+
+TINY_MATMUL = """
+func.func @mm(%a: tensor<64x64xf32>, %b: tensor<64x64xf32>) -> tensor<64x64xf32> {
+  %zero = arith.constant 0.0 : f32
+  %init = tensor.empty() : tensor<64x64xf32>
+  %acc = linalg.fill ins(%zero : f32) outs(%init : tensor<64x64xf32>) -> tensor<64x64xf32>
+  %mm = linalg.matmul ins(%a, %b : tensor<64x64xf32>, tensor<64x64xf32>)
+                      outs(%acc : tensor<64x64xf32>) -> tensor<64x64xf32>
+  return %mm : tensor<64x64xf32>
+}
+"""
+
+FAST = BenchSettings(repetitions=3, min_time_s=0.02, compile_timeout_s=120, bench_timeout_s=60)
+
+
+def matmul_plan(dist, vec, red, anchor=1):
+    """A one-group plan on the matmul (uid 1: the fill is 0) with three levels."""
+    return {
+        "groups": [
+            {
+                "anchor": anchor,
+                "fuse": [],
+                "levels": [
+                    {"tile_sizes": dist, "loop": "forall"},
+                    {"tile_sizes": vec, "loop": "for"},
+                    {"tile_sizes": red, "loop": "for"},
+                ],
+            }
+        ]
+    }
+
+
+# ---- pure mapping ---------------------------------------------------------------------------
+
+
+def test_levels_map_onto_iree_levels_by_iterator_type():
+    levels = [{"tile_sizes": [256, 256, 64]}, {"tile_sizes": [8, 32, 16]}, {"tile_sizes": [4, 4, 16]}]
+    config = lowering_config_from_levels(levels, MATMUL_ITERS)
+    assert config.distribution == [256, 256, 0]  # IREE distributes parallel dims only
+    assert config.vector_common_parallel == [8, 32, 0]  # reduction entry forced to 0
+    assert config.vector_reduction == [0, 0, 16]  # only the reduction entry kept
+
+
+def test_missing_levels_are_untiled_and_bad_levels_are_rejected():
+    config = lowering_config_from_levels([{"tile_sizes": [64, 64, 0]}], MATMUL_ITERS)
+    assert config.vector_common_parallel == [0, 0, 0] and config.vector_reduction == [0, 0, 0]
+    with pytest.raises(ValueError, match="3 tile sizes|has 2 tile sizes"):
+        lowering_config_from_levels([{"tile_sizes": [64, 64]}], MATMUL_ITERS)
+    with pytest.raises(ValueError, match="3 tiling levels"):
+        lowering_config_from_levels([{"tile_sizes": [1, 1, 1]}] * 4, MATMUL_ITERS)
+
+
+def test_attribute_text_is_the_documented_one_and_parses_with_real_mlir():
+    config = LoweringConfig(distribution=[256, 256, 0], vector_common_parallel=[8, 32, 0],
+                            vector_reduction=[0, 0, 16])
+    text = compilation_info_text(config)
+    assert text == (
+        "#iree_codegen.compilation_info<lowering_config = #iree_cpu.lowering_config<"
+        "distribution = [256, 256, 0], vector_common_parallel = [8, 32, 0], "
+        "vector_reduction = [0, 0, 16]>, translation_info = #iree_codegen.translation_info<"
+        "pipeline = #iree_cpu.pipeline<DoubleTilingExpert>>>"
+    )
+    with context():
+        attr = ir.Attribute.parse(text)
+    assert "vector_reduction = [0, 0, 16]" in str(attr)
+    assert vector_tile_elements(config) == 8 * 32 * 16
+
+
+def test_force_plan_sets_the_attribute_on_the_anchor_only():
+    forced = force_plan(TINY_MATMUL, matmul_plan([32, 32, 0], [8, 16, 0], [0, 0, 16]))
+    assert forced.function == "mm"
+    assert [a.shape for a in forced.arguments] == [(64, 64), (64, 64)]
+    with context():
+        module = ir.Module.parse(forced.text)
+        matmul = find_anchor(module, ("linalg.matmul", 0))
+        fill = find_anchor(module, ("linalg.fill", 0))
+        assert "compilation_info" in matmul.attributes
+        assert "compilation_info" not in fill.attributes
+        assert iterator_types_of(matmul) == MATMUL_ITERS
+
+
+def test_iterator_types_of_a_convolution():
+    with context():
+        module = ir.Module.parse((WORKLOADS / "conv_relu.mlir").read_text())
+        conv = find_anchor(module, lambda op: op.name.startswith("linalg.conv_"))
+        # n, oh, ow, f parallel; kh, kw, c reduction
+        assert iterator_types_of(conv) == ["parallel"] * 4 + ["reduction"] * 3
+
+
+def test_convolution_is_refused_not_faked():
+    text = (WORKLOADS / "conv_relu.mlir").read_text()
+    plan = {"groups": [{"anchor": ("linalg.conv_2d_nhwc_hwcf", 0), "fuse": [],
+                        "levels": [{"tile_sizes": [1, 8, 8, 32, 0, 0, 0]}]}]}
+    with pytest.raises(NotMeasurable, match="silently drops"):
+        measure_plan(text, plan, settings=FAST)
+
+
+# ---- real iree-compile + iree-benchmark-module ---------------------------------------------
+
+
+@pytest.mark.slow
+def test_tiny_matmul_forced_and_default_are_measured():
+    result = measure_plan_and_default(
+        TINY_MATMUL, matmul_plan([32, 32, 0], [8, 16, 0], [0, 0, 16]), settings=FAST
+    )
+    for m in (result.forced, result.default):
+        assert m.ok, m.error
+        assert len(m.samples_s) == FAST.repetitions
+        assert 0 < m.median_s < 0.1
+        assert m.iree_version.startswith("iree-base-compiler==")
+    assert result.forced.config[0].distribution == [32, 32, 0]
+    # The default reports what IREE chose for the matmul (it has all three levels).
+    assert result.default.config and result.default.config[0].distribution[2] == 0
+
+
+@pytest.mark.slow
+def test_large_vector_tile_is_a_recorded_failure():
+    # 16 x 64 x 16 = 16384 f32 elements >= 8192: IREE 3.13 refuses "large vector sizes".
+    m = measure_plan(TINY_MATMUL, matmul_plan([64, 64, 0], [16, 64, 0], [0, 0, 16]), settings=FAST)
+    assert not m.ok
+    assert m.median_s is None
+    assert "large vector sizes" in m.error
