@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import typer
 
 app = typer.Typer(
@@ -10,6 +12,44 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
 )
+
+
+@app.command("measure")
+def measure_cmd(
+    file: Path = typer.Argument(..., exists=True, dir_okay=False, help="MLIR module"),
+    plan: Path = typer.Option(..., "--plan", exists=True, dir_okay=False, help="plan JSON"),
+    as_json: bool = typer.Option(False, "--json", help="print JSON"),
+    repetitions: int = typer.Option(5, "--repetitions", min=1),
+    min_time_s: float = typer.Option(0.1, "--min-time", help="seconds per repetition"),
+) -> None:
+    """Time a plan forced on IREE (host CPU) and IREE's own default, medians of repetitions."""
+    import json
+
+    from service.measure.iree import BenchSettings, NotMeasurable, measure_plan_and_default
+
+    settings = BenchSettings(repetitions=repetitions, min_time_s=min_time_s)
+    try:
+        result = measure_plan_and_default(
+            file.read_text(), json.loads(plan.read_text()), settings=settings
+        )
+    except NotMeasurable as exc:
+        typer.echo(f"not measurable: {exc.reason}", err=True)
+        raise typer.Exit(2) from None
+    if as_json:
+        payload = result.model_dump() | {"speedup_over_default": result.speedup_over_default}
+        typer.echo(json.dumps(payload, indent=2))
+        return
+    for label, m in (("forced", result.forced), ("iree default", result.default)):
+        configs = "; ".join(
+            f"dist={c.distribution} vec={c.vector_common_parallel} red={c.vector_reduction}"
+            for c in m.config
+        )
+        if m.ok:
+            typer.echo(f"{label:>12}: median {m.median_s * 1e3:.3f} ms over {len(m.samples_s)} reps  [{configs}]")
+        else:
+            typer.echo(f"{label:>12}: FAILED {m.error}  [{configs}]")
+    if result.speedup_over_default is not None:
+        typer.echo(f"     speedup: {result.speedup_over_default:.2f}x over IREE's default")
 
 
 if __name__ == "__main__":
