@@ -25,6 +25,7 @@ __all__ = [
     "context",
     "provider_version",
     "tool_path",
+    "attribute_names",
 ]
 
 _PROVIDER = "iree-base-compiler"
@@ -56,3 +57,8 @@ def tool_path(name: str) -> str:
     if found is None:
         raise FileNotFoundError(f"{name} not found next to {sys.executable} or on PATH")
     return found
+
+
+def attribute_names(op: ir.Operation) -> list[str]:
+    """Names of an op's attributes (iteration yields names or NamedAttributes by version)."""
+    return [a if isinstance(a, str) else a.name for a in op.attributes]

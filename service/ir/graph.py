@@ -1,0 +1,486 @@
+"""Op graph: the tileable ops of a module, their iteration domains and the data-flow DAG.
+
+Which ops are tileable is MLIR's answer, not a list of names: a transform script matches every
+op implementing TilingInterface and annotates it. Each gets a stable integer uid (`ts.uid`) in
+program order; the uids are how plans, scripts and origin maps name ops.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from .mlir import attribute_names, context, ir, linalg, transform_interpreter
+
+UID_ATTR = "ts.uid"
+TILEABLE_MARK = "ts.tileable"
+FUSE_GROUP_ATTRS = ("tilesearch.fuse_group", "torq-fuse-group")
+
+# Ops that forward a tensor without computing on it: data-flow edges pass through them
+# (listed on the edge), but they cannot sit inside a tiled loop as they are.
+PASS_THROUGH_OPS = frozenset(
+    {
+        "tensor.expand_shape",
+        "tensor.collapse_shape",
+        "tensor.extract_slice",
+        "tensor.cast",
+        "tensor.bitcast",
+        "tensor.reshape",
+    }
+)
+
+_FIND_TILEABLE = f"""
+module attributes {{transform.with_named_sequence}} {{
+  transform.named_sequence @__transform_main(%root: !transform.any_op {{transform.readonly}}) {{
+    %ops = transform.structured.match interface{{TilingInterface}} in %root
+      : (!transform.any_op) -> !transform.any_op
+    transform.annotate %ops "{TILEABLE_MARK}" : !transform.any_op
+    transform.yield
+  }}
+}}
+"""
+
+
+@dataclass(frozen=True)
+class DynamicDim:
+    """A loop dim whose extent is only known at run time: dim `dim` of SSA value `value`."""
+
+    value: str
+    dim: int
+    arg_index: int | None  # function argument number when `value` is one (shape hints name it)
+
+
+@dataclass
+class TileableOp:
+    uid: int
+    name: str
+    func: str
+    kind: str  # contraction | convolution | reduction | elementwise | fill | data_movement | other
+    loop_ranges: list[int | None]
+    iterator_types: list[str]
+    indexing_maps: list[str] | None
+    dynamic_dims: dict[int, DynamicDim]
+    operand_shapes: list[list[int | None] | None]  # None for scalars
+    operand_element_types: list[str]
+    result_shapes: list[list[int | None]]
+    num_inputs: int
+    flops_per_point: int
+    fuse_groups: list[int]
+    signature: str = ""
+    producers: list[int] = field(default_factory=list)
+    consumers: list[int] = field(default_factory=list)
+
+    @property
+    def element_type(self) -> str:
+        return self.operand_element_types[-1] if self.operand_element_types else ""
+
+    @property
+    def reduction_dims(self) -> list[int]:
+        return [i for i, t in enumerate(self.iterator_types) if t == "reduction"]
+
+    @property
+    def parallel_dims(self) -> list[int]:
+        return [i for i, t in enumerate(self.iterator_types) if t == "parallel"]
+
+
+@dataclass(frozen=True)
+class Edge:
+    """Result `result` of `producer` feeds operand `operand` of `consumer`, through `via` ops."""
+
+    producer: int
+    consumer: int
+    result: int
+    operand: int
+    via: tuple[str, ...] = ()
+
+
+@dataclass
+class OpGraph:
+    ops: dict[int, TileableOp]
+    edges: list[Edge]
+    fuse_groups: dict[int, list[int]]
+    non_tileable_on_edges: list[str]
+
+    def op(self, uid: int) -> TileableOp:
+        return self.ops[uid]
+
+    def topological_order(self) -> list[int]:
+        """Uids in an order where every producer precedes its consumers (program order is one)."""
+        return sorted(self.ops)
+
+    def edges_into(self, uid: int) -> list[Edge]:
+        return [e for e in self.edges if e.consumer == uid]
+
+    def edges_from(self, uid: int) -> list[Edge]:
+        return [e for e in self.edges if e.producer == uid]
+
+    def upstream(self, uid: int) -> set[int]:
+        """All ops whose results reach `uid` (transitively)."""
+        seen: set[int] = set()
+        stack = [uid]
+        while stack:
+            for p in self.ops[stack.pop()].producers:
+                if p not in seen:
+                    seen.add(p)
+                    stack.append(p)
+        return seen
+
+    def downstream(self, uid: int) -> set[int]:
+        seen: set[int] = set()
+        stack = [uid]
+        while stack:
+            for c in self.ops[stack.pop()].consumers:
+                if c not in seen:
+                    seen.add(c)
+                    stack.append(c)
+        return seen
+
+    def to_json(self) -> dict:
+        return {
+            "ops": [
+                {
+                    **{k: v for k, v in asdict(op).items() if k != "dynamic_dims"},
+                    "dynamic_dims": {str(d): asdict(v) for d, v in op.dynamic_dims.items()},
+                }
+                for op in self.ops.values()
+            ],
+            "edges": [asdict(e) for e in self.edges],
+            "fuse_groups": {str(k): v for k, v in self.fuse_groups.items()},
+        }
+
+
+# --------------------------------------------------------------------------- tagging
+
+
+def _walk_ops(root: ir.Operation) -> list[ir.Operation]:
+    ops: list[ir.Operation] = []
+
+    def visit(op: ir.Operation) -> ir.WalkResult:
+        ops.append(op)
+        return ir.WalkResult.ADVANCE
+
+    root.walk(visit, ir.WalkOrder.PRE_ORDER)
+    return ops
+
+
+def tag_tileable_ops(module: ir.Module) -> ir.OpView:
+    """A copy of `module` with `ts.uid = i` on every TilingInterface op, in program order.
+
+    The input module is not modified. Stale `ts.*` attributes in the input are dropped first so
+    a resubmitted tiled module is tagged afresh.
+    """
+    with context():
+        tagged = module.operation.clone()
+        for op in _walk_ops(tagged.operation):
+            for name in [n for n in attribute_names(op) if n.startswith("ts.")]:
+                del op.attributes[name]
+        script = ir.Module.parse(_FIND_TILEABLE)
+        transform_interpreter.apply_named_sequence(
+            tagged.operation, script.body.operations[0], script
+        )
+        uid = 0
+        i64 = ir.IntegerType.get_signless(64)
+        for op in _walk_ops(tagged.operation):
+            if TILEABLE_MARK in op.attributes:
+                del op.attributes[TILEABLE_MARK]
+                op.attributes[UID_ATTR] = ir.IntegerAttr.get(i64, uid)
+                uid += 1
+    return tagged
+
+
+def uid_of(op: ir.Operation) -> int | None:
+    attr = op.attributes[UID_ATTR] if UID_ATTR in op.attributes else None
+    return None if attr is None else ir.IntegerAttr(attr).value
+
+
+# --------------------------------------------------------------------------- per-op facts
+
+
+def _shape(t: ir.Type) -> list[int | None] | None:
+    if not isinstance(t, ir.ShapedType):
+        return None
+    st = ir.ShapedType(t)
+    if not st.has_rank:
+        return None
+    return [None if st.is_dynamic_dim(i) else st.get_dim_size(i) for i in range(st.rank)]
+
+
+def _element_type(t: ir.Type) -> str:
+    return str(ir.ShapedType(t).element_type) if isinstance(t, ir.ShapedType) else str(t)
+
+
+def _num_inputs(op: ir.Operation) -> int:
+    """Number of `ins` operands; the rest are inits (`outs`)."""
+    if "operandSegmentSizes" in op.attributes:
+        return ir.DenseI32ArrayAttr(op.attributes["operandSegmentSizes"])[0]
+    return max(len(op.operands) - len(op.results), 0)
+
+
+def _iterator_types_from_attr(attr: ir.Attribute) -> list[str]:
+    parallel = ir.Attribute.parse("#linalg.iterator_type<parallel>")
+    return ["parallel" if a == parallel else "reduction" for a in ir.ArrayAttr(attr)]
+
+
+def _affine_maps(op: ir.Operation) -> list[ir.AffineMap] | None:
+    maps = linalg.get_indexing_maps(op)
+    if maps is None:
+        return None
+    return [ir.AffineMapAttr(a).value for a in maps]
+
+
+def _dim_position(expr: ir.AffineExpr) -> int | None:
+    return ir.AffineDimExpr(expr).position if isinstance(expr, ir.AffineDimExpr) else None
+
+
+def _value_name(value: ir.Value) -> str:
+    return value.get_name()
+
+
+def _arg_index(value: ir.Value) -> int | None:
+    if isinstance(value, ir.BlockArgument):
+        parent = value.owner.owner
+        if parent is not None and parent.operation.name == "func.func":
+            return value.arg_number
+    return None
+
+
+def _constant_index(value: ir.Value) -> int | None:
+    if isinstance(value, ir.OpResult) and value.owner.name == "arith.constant":
+        attr = value.owner.attributes["value"]
+        if isinstance(attr, ir.IntegerAttr):
+            return attr.value
+    return None
+
+
+def _dynamic_source(value: ir.Value, dim: int) -> DynamicDim:
+    """Where a dynamic tensor dim comes from: follow inits, tensor.empty sizes and tensor.dim
+    back to the value (ideally a function argument) whose run-time shape sizes it."""
+    for _ in range(64):  # bounded: IR is acyclic here, this is only a guard
+        if not isinstance(value, ir.OpResult):
+            break
+        owner = value.owner
+        if owner.name == "tensor.empty":
+            shape = _shape(value.type) or []
+            k = sum(1 for s in shape[:dim] if s is None)
+            size = owner.operands[k]
+            if isinstance(size, ir.OpResult) and size.owner.name == "tensor.dim":
+                index = _constant_index(size.owner.operands[1])
+                if index is None:
+                    break
+                value, dim = size.owner.operands[0], index
+                continue
+            break
+        if UID_ATTR in owner.attributes and "operandSegmentSizes" in owner.attributes:
+            # Destination-style op: a result has the shape of its init operand.
+            n_in = _num_inputs(owner)
+            value = owner.operands[n_in + value.result_number]
+            continue
+        if owner.name in PASS_THROUGH_OPS and owner.name in ("tensor.cast",):
+            value = owner.operands[0]
+            continue
+        break
+    return DynamicDim(_value_name(value), dim, _arg_index(value))
+
+
+def _structured_domain(
+    op: ir.Operation, maps: list[ir.AffineMap]
+) -> tuple[list[int | None], dict[int, DynamicDim]]:
+    """Loop ranges of a linalg structured op: each loop dim is sized by an operand dim that
+    its indexing map reads as that loop dim alone (e.g. a conv's output rows, not its input)."""
+    n_loops = maps[0].n_dims if maps else 0
+    ranges: list[int | None] = [None] * n_loops
+    sized: list[bool] = [False] * n_loops
+    dynamic: dict[int, DynamicDim] = {}
+    for operand, amap in zip(op.operands, maps):
+        shape = _shape(operand.type)
+        if shape is None:
+            continue
+        for tensor_dim, expr in enumerate(amap.results):
+            loop = _dim_position(expr)
+            if loop is None or sized[loop]:
+                continue
+            if shape[tensor_dim] is None:
+                if loop not in dynamic:
+                    dynamic[loop] = _dynamic_source(operand, tensor_dim)
+                continue
+            ranges[loop] = shape[tensor_dim]
+            sized[loop] = True
+            dynamic.pop(loop, None)
+    return ranges, dynamic
+
+
+def _result_domain(op: ir.Operation, shape_of: ir.Value) -> tuple[list[int | None], dict[int, DynamicDim]]:
+    shape = _shape(shape_of.type) or []
+    dynamic = {i: _dynamic_source(shape_of, i) for i, s in enumerate(shape) if s is None}
+    return list(shape), dynamic
+
+
+def _non_structured_domain(op: ir.Operation) -> tuple[list[int | None], list[str], dict[int, DynamicDim]]:
+    """Iteration domains of TilingInterface ops without indexing maps, as MLIR defines them."""
+    if op.name == "linalg.pack":
+        # Loops over the outer (tiled) dims of the packed result: the source rank leading dims.
+        src_rank = len(_shape(op.operands[0].type) or [])
+        ranges, dynamic = _result_domain(op, op.results[0])
+        ranges = ranges[:src_rank]
+        dynamic = {d: v for d, v in dynamic.items() if d < src_rank}
+        return ranges, ["parallel"] * src_rank, dynamic
+    ranges, dynamic = _result_domain(op, op.results[0]) if op.results else ([], {})
+    iterators = ["parallel"] * len(ranges)
+    if op.name == "linalg.softmax" and "dimension" in op.attributes:
+        reduced = ir.IntegerAttr(op.attributes["dimension"]).value
+        if 0 <= reduced < len(iterators):
+            iterators[reduced] = "reduction"
+    return ranges, iterators, dynamic
+
+
+_FREE_OPS = frozenset({"linalg.yield", "linalg.index", "arith.constant", "arith.index_cast"})
+
+
+def _flops_per_point(op: ir.Operation) -> int:
+    """Arithmetic ops executed per iteration point: the ops in the payload region."""
+    if not op.regions or not op.regions[0].blocks:
+        return 0
+    count = 0
+    for block in op.regions[0].blocks:
+        for inner in block.operations:
+            name = inner.operation.name
+            if name in _FREE_OPS:
+                continue
+            if name.split(".")[0] in ("arith", "math", "complex"):
+                count += 1
+    return count
+
+
+def _fuse_groups(op: ir.Operation) -> list[int]:
+    for name in FUSE_GROUP_ATTRS:
+        if name not in op.attributes:
+            continue
+        attr = op.attributes[name]
+        if isinstance(attr, ir.ArrayAttr):
+            return [ir.IntegerAttr(a).value for a in ir.ArrayAttr(attr)]
+        if isinstance(attr, ir.DenseI64ArrayAttr):
+            return list(ir.DenseI64ArrayAttr(attr))
+        if isinstance(attr, ir.IntegerAttr):
+            return [ir.IntegerAttr(attr).value]
+    return []
+
+
+def _kind(op: ir.Operation, iterators: list[str], flops: int) -> str:
+    if op.name == "linalg.fill":
+        return "fill"
+    try:
+        if linalg.isa_contraction_op(op):
+            return "contraction"
+        if linalg.isa_convolution_op(op):
+            return "convolution"
+    except Exception:  # not a LinalgOp: the queries only apply to structured ops
+        pass
+    if op.name.startswith("linalg.pooling") or op.name.startswith("linalg.depthwise_conv"):
+        return "convolution"
+    if "reduction" in iterators:
+        return "reduction"
+    if op.name in ("linalg.pack", "linalg.unpack", "tensor.pad", "linalg.transpose", "linalg.copy",
+                   "linalg.broadcast", "tensor.concat"):
+        return "data_movement"
+    if flops > 0:
+        return "elementwise"
+    return "data_movement" if op.name == "linalg.generic" else "other"
+
+
+def _enclosing_func(op: ir.Operation) -> str:
+    parent = op.parent
+    while parent is not None:
+        if parent.operation.name == "func.func":
+            return ir.StringAttr(parent.attributes["sym_name"]).value
+        parent = parent.parent
+    return ""
+
+
+def describe_op(op: ir.Operation, uid: int) -> TileableOp:
+    maps = _affine_maps(op)
+    if maps:
+        ranges, dynamic = _structured_domain(op, maps)
+        if "iterator_types" in op.attributes:
+            iterators = _iterator_types_from_attr(op.attributes["iterator_types"])
+        else:
+            # Named ops: a loop dim is parallel iff an init (output) map reads it (OpDSL's rule).
+            n_in = _num_inputs(op)
+            out_dims = {_dim_position(e) for m in maps[n_in:] for e in m.results}
+            iterators = ["parallel" if d in out_dims else "reduction" for d in range(len(ranges))]
+        map_text = [str(m) for m in maps]
+    else:
+        ranges, iterators, dynamic = _non_structured_domain(op)
+        map_text = None
+    flops = _flops_per_point(op)
+    return TileableOp(
+        uid=uid,
+        name=op.name,
+        func=_enclosing_func(op),
+        kind=_kind(op, iterators, flops),
+        loop_ranges=ranges,
+        iterator_types=iterators,
+        indexing_maps=map_text,
+        dynamic_dims=dynamic,
+        operand_shapes=[_shape(v.type) for v in op.operands],
+        operand_element_types=[_element_type(v.type) for v in op.operands],
+        result_shapes=[_shape(r.type) or [] for r in op.results],
+        num_inputs=_num_inputs(op),
+        flops_per_point=flops,
+        fuse_groups=_fuse_groups(op),
+    )
+
+
+# --------------------------------------------------------------------------- the graph
+
+
+def _trace_producer(value: ir.Value) -> tuple[ir.Operation | None, int, tuple[str, ...]]:
+    """The tileable op whose result reaches `value`, passing through PASS_THROUGH_OPS."""
+    via: list[str] = []
+    while True:
+        if isinstance(value, ir.BlockArgument):
+            return None, 0, tuple(via)
+        res = ir.OpResult(value)
+        owner = res.owner
+        if UID_ATTR in owner.attributes:
+            return owner, res.result_number, tuple(via)
+        if owner.name in PASS_THROUGH_OPS:
+            via.append(owner.name)
+            value = owner.operands[0]
+            continue
+        return None, 0, tuple(via)
+
+
+def build_graph(tagged: ir.Module | ir.OpView) -> OpGraph:
+    """The op graph of a module tagged by `tag_tileable_ops`."""
+    from .fingerprint import op_signature  # local: fingerprint imports graph's attribute names
+
+    with context():
+        ops: dict[int, TileableOp] = {}
+        handles: dict[int, ir.Operation] = {}
+        for op in _walk_ops(tagged.operation):
+            uid = uid_of(op)
+            if uid is None:
+                continue
+            desc = describe_op(op, uid)
+            desc.signature = op_signature(op)
+            ops[uid] = desc
+            handles[uid] = op
+        edges: list[Edge] = []
+        crossed: set[str] = set()
+        for uid, op in handles.items():
+            for idx, operand in enumerate(op.operands):
+                producer, result, via = _trace_producer(operand)
+                if producer is None:
+                    continue
+                puid = uid_of(producer)
+                edges.append(Edge(puid, uid, result, idx, via))
+                crossed.update(via)
+        for e in edges:
+            if e.producer not in ops[e.consumer].producers:
+                ops[e.consumer].producers.append(e.producer)
+            if e.consumer not in ops[e.producer].consumers:
+                ops[e.producer].consumers.append(e.consumer)
+        groups: dict[int, list[int]] = {}
+        for uid, desc in ops.items():
+            for g in desc.fuse_groups:
+                groups.setdefault(g, []).append(uid)
+    return OpGraph(ops=ops, edges=edges, fuse_groups=groups, non_tileable_on_edges=sorted(crossed))
