@@ -1,0 +1,73 @@
+"""Run MLIR work in worker processes with a time limit.
+
+MLIR's C++ can abort or loop on hostile input; in a worker that costs one task, not the caller.
+Tasks are plain top-level functions taking and returning picklable data (MLIR text, JSON-able
+dicts): MLIR objects never cross a process boundary. pebble kills a worker that overruns its
+time limit and replaces one that died.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from pebble import ProcessExpired, ProcessPool
+
+from .errors import IRError
+
+
+@dataclass
+class IRTimeoutError(IRError):
+    seconds: float
+
+    def __str__(self) -> str:
+        return f"MLIR work took longer than {self.seconds:g} s and was stopped"
+
+
+@dataclass
+class IRCrashError(IRError):
+    detail: str
+
+    def __str__(self) -> str:
+        return f"MLIR crashed on this input ({self.detail}); the module likely triggers a compiler bug"
+
+
+class Sandbox:
+    """A pool of MLIR worker processes. Each worker keeps one MLIR context for its lifetime."""
+
+    def __init__(self, workers: int = 2, *, start_method: str = "forkserver", max_tasks: int = 0) -> None:
+        self._pool = ProcessPool(
+            max_workers=workers,
+            max_tasks=max_tasks,
+            context=multiprocessing.get_context(start_method),
+        )
+        self.workers = workers
+
+    def submit(self, fn: Callable[..., Any], *args: Any, timeout: float):
+        """A future for fn(*args) run in a worker, stopped after `timeout` seconds."""
+        return self._pool.schedule(fn, args=args, timeout=timeout)
+
+    def run(self, fn: Callable[..., Any], *args: Any, timeout: float) -> Any:
+        """fn(*args) in a worker; IRTimeoutError / IRCrashError instead of a hang or a crash."""
+        return result_of(self.submit(fn, *args, timeout=timeout), timeout)
+
+    def close(self) -> None:
+        self._pool.stop()
+        self._pool.join()
+
+    def __enter__(self) -> "Sandbox":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def result_of(future, timeout: float) -> Any:
+    try:
+        return future.result()
+    except FutureTimeout:
+        raise IRTimeoutError(timeout) from None
+    except ProcessExpired as exc:
+        raise IRCrashError(f"worker exited with code {exc.exitcode}") from None
