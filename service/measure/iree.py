@@ -186,7 +186,7 @@ def vector_tile_elements(config: LoweringConfig) -> int:
 AnchorRef = Union[int, tuple[str, int], Callable[[ir.Operation], bool]]
 
 
-def _walk(module: ir.Module, keep: Callable[[ir.Operation], bool]) -> list[ir.Operation]:
+def _walk(module: ir.Module | ir.OpView, keep: Callable[[ir.Operation], bool]) -> list[ir.Operation]:
     found: list[ir.Operation] = []
 
     def visit(op: ir.Operation) -> ir.WalkResult:
@@ -198,15 +198,40 @@ def _walk(module: ir.Module, keep: Callable[[ir.Operation], bool]) -> list[ir.Op
     return found
 
 
-def linalg_ops(module: ir.Module) -> list[ir.Operation]:
+def linalg_ops(module: ir.Module | ir.OpView) -> list[ir.Operation]:
     """Tileable linalg ops in pre-order (the order anchors are numbered in, before uids)."""
     return _walk(module, lambda op: op.name.startswith("linalg.") and op.name not in _NOT_TILEABLE)
 
 
-def find_anchor(module: ir.Module, anchor: AnchorRef) -> ir.Operation:
+def _uid_tagging() -> Callable[[ir.Module], ir.OpView] | None:
+    """The IR core's uid tagging (`ts.uid` on TilingInterface ops), or None before it lands."""
+    try:
+        from service.ir.graph import tag_tileable_ops
+    except ImportError:
+        return None
+    return tag_tileable_ops
+
+
+def _strip_uid_tags(module: ir.Module | ir.OpView) -> None:
+    """Drop the IR core's `ts.*` tags: iree-compile gets the module as the user wrote it."""
+    for op in _walk(module, lambda op: True):
+        for name in [a if isinstance(a, str) else a.name for a in op.attributes]:
+            if name.startswith("ts."):
+                del op.attributes[name]
+
+
+def find_anchor(module: ir.Module | ir.OpView, anchor: AnchorRef) -> ir.Operation:
+    """The op an AnchorRef names. An int is a `ts.uid` when the module is tagged, else the index
+    among linalg ops in pre-order (the IR core's numbering for linalg-only modules)."""
     if isinstance(anchor, bool):
         raise TypeError("anchor must be an op uid, (name, index) or a predicate")
     if isinstance(anchor, int):
+        tagged = _walk(module, lambda op: "ts.uid" in op.attributes)
+        if tagged:
+            ops = [op for op in tagged if ir.IntegerAttr(op.attributes["ts.uid"]).value == anchor]
+            if len(ops) != 1:
+                raise LookupError(f"no op with uid {anchor} in the module")
+            return ops[0]
         ops = linalg_ops(module)
         if not 0 <= anchor < len(ops):
             raise LookupError(f"no anchor op with uid {anchor}: the module has {len(ops)} linalg ops")
@@ -320,6 +345,9 @@ def force_plan(
     """
     with context():
         module = ir.Module.parse(module_text)
+        tagging = _uid_tagging()
+        if tagging is not None:
+            module = tagging(module)  # a tagged clone: ints in the plan are ts.uid values
         configs: list[LoweringConfig] = []
         funcs: set[str] = set()
         for group in _groups(plan):
@@ -339,7 +367,9 @@ def force_plan(
             raise NotMeasurable(f"plan anchors span several functions {sorted(funcs)}: time one at a time")
         (function,) = funcs
         func = _walk(module, lambda op: op.name == "func.func" and _func_name(op) == function)[0]
-        return ForcedModule(str(module), function, function_arguments(func), configs)
+        arguments = function_arguments(func)
+        _strip_uid_tags(module)
+        return ForcedModule(str(module), function, arguments, configs)
 
 
 def default_module(module_text: str, function: str | None = None) -> ForcedModule:
