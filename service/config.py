@@ -1,0 +1,38 @@
+"""Runtime settings, read from the environment (prefix ``TILESEARCH_``).
+
+``DATABASE_URL`` is also read without the prefix: it is the name deployments and
+PaaS platforms already use. ``TILESEARCH_DATABASE_URL`` wins when both are set.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from pydantic import AliasChoices, Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+DEFAULT_DATABASE_URL = "sqlite:///var/tilesearch.db"
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="TILESEARCH_", extra="ignore")
+
+    # A relative SQLite path is relative to the working directory; the store creates the
+    # parent directory when it opens the file (see service.store.db.make_engine).
+    database_url: str = Field(
+        default=DEFAULT_DATABASE_URL,
+        validation_alias=AliasChoices("TILESEARCH_DATABASE_URL", "DATABASE_URL"),
+    )
+    # When set, write requests must carry it as a bearer token.
+    api_token: str | None = None
+    max_body_bytes: int = Field(default=8 * 1024 * 1024, gt=0)
+    max_ops: int = Field(default=5000, gt=0)
+    # Wall-clock limit for one request's MLIR work in the worker pool.
+    request_timeout_s: float = Field(default=60.0, gt=0)
+    pool_workers: int = Field(default=2, gt=0)
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    """The process-wide settings; tests call ``get_settings.cache_clear()`` after changing env."""
+    return Settings()

@@ -1,0 +1,65 @@
+"""Schema migrations through Alembic's command API (no subprocess), for the CLI, tests and
+readiness checks. The scripts live in ``migrations/`` at the repository root.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import Connection
+from sqlalchemy.engine import URL
+from sqlalchemy.pool import NullPool
+
+from service.store.db import make_engine, normalize_url
+
+MIGRATIONS_DIR = Path(__file__).resolve().parents[2] / "migrations"
+
+
+def alembic_config(url: str | URL | None = None) -> Config:
+    """An Alembic config for our scripts; ``url=None`` means ``Settings.database_url``."""
+    # No ini file: programmatic runs must not reconfigure the host process's logging.
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS_DIR))
+    if url is not None:
+        # Through attributes, not set_main_option: that one %-interpolates (URL-escaped passwords).
+        config.attributes["url"] = normalize_url(url).render_as_string(hide_password=False)
+    return config
+
+
+def upgrade(url: str | URL | None = None, rev: str = "head") -> None:
+    command.upgrade(alembic_config(url), rev)
+
+
+def downgrade(url: str | URL | None, rev: str) -> None:
+    """Downgrade to ``rev`` (a revision id, ``-1``, or ``base`` to drop every table)."""
+    command.downgrade(alembic_config(url), rev)
+
+
+def head_revisions() -> frozenset[str]:
+    return frozenset(ScriptDirectory.from_config(alembic_config()).get_heads())
+
+
+def current_revisions(connection: Connection) -> frozenset[str]:
+    """The revisions the database on ``connection`` is at (empty: never migrated)."""
+    return frozenset(MigrationContext.configure(connection).get_current_heads())
+
+
+def current(url: str | URL | None = None) -> str | None:
+    """The database's revision, or None for an empty (never migrated) database."""
+    if url is None:
+        from service.config import get_settings
+
+        url = get_settings().database_url
+    engine = make_engine(url, poolclass=NullPool)
+    try:
+        with engine.connect() as connection:
+            revisions = current_revisions(connection)
+    finally:
+        engine.dispose()
+    if len(revisions) > 1:
+        raise RuntimeError(f"database has several heads: {sorted(revisions)}")
+    return next(iter(revisions), None)

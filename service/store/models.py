@@ -1,0 +1,209 @@
+"""The store's tables as SQLAlchemy 2 typed ORM classes.
+
+Relationships are never lazy-loaded: repository functions load exactly what they return, so a
+row used after its session closed cannot trigger surprise queries (or fail far from the cause).
+Changing a table here needs a new migration in ``migrations/versions`` (a test checks they agree).
+"""
+
+from __future__ import annotations
+
+import enum
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    Boolean,
+    CheckConstraint,
+    DateTime,
+    Dialect,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    TypeDecorator,
+    UniqueConstraint,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+# Deterministic constraint names: migrations (and SQLite batch rebuilds) refer to them by name.
+NAMING_CONVENTION = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+# JSON everywhere, JSONB on PostgreSQL (indexable, compact). Python None is SQL NULL, not JSON null.
+JSONType = JSON(none_as_null=True).with_variant(JSONB(none_as_null=True), "postgresql")
+
+# Hex digests (sha256 = 64 chars) with room for a prefix such as "sha256:".
+HASH_LEN = 80
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """A timezone-aware UTC timestamp on every backend.
+
+    PostgreSQL stores ``timestamptz``; SQLite has no time zones, so values are stored as naive
+    UTC (which also keeps its text comparison correct) and read back as aware UTC.
+    """
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetime given to the store; use an aware one (UTC)")
+        value = value.astimezone(UTC)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+
+class DecisionStatus(enum.StrEnum):
+    PENDING = "pending"
+    DONE = "done"
+    FAILED = "failed"
+
+
+class Module(Base):
+    """An MLIR module as submitted, by structural fingerprint."""
+
+    __tablename__ = "modules"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    fingerprint: Mapped[str] = mapped_column(String(HASH_LEN), unique=True)
+    text: Mapped[str] = mapped_column(Text)
+    op_summary: Mapped[dict[str, Any]] = mapped_column(JSONType, default=dict)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class HardwareModel(Base):
+    """A hardware model (pydantic ``HardwareModel`` as JSON), by content hash."""
+
+    __tablename__ = "hardware_models"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    hash: Mapped[str] = mapped_column(String(HASH_LEN), unique=True)
+    # Not unique: editing a named model yields a new hash; lookups by name take the newest.
+    name: Mapped[str] = mapped_column(String(200), index=True)
+    spec: Mapped[dict[str, Any]] = mapped_column(JSONType)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class Decision(Base):
+    """One answer to "how to tile this module on this hardware", keyed by all its inputs.
+
+    The key parts are plain columns, not foreign keys: they are content hashes that identify
+    their inputs on their own, and a decision can be claimed before its module row exists.
+    """
+
+    __tablename__ = "decisions"
+    __table_args__ = (
+        CheckConstraint("status IN ('pending', 'done', 'failed')", name="status"),
+        Index("ix_decisions_fingerprint_id", "module_fingerprint", "id"),
+        Index("ix_decisions_hardware_id", "hardware_hash", "id"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    key: Mapped[str] = mapped_column(String(HASH_LEN), unique=True)
+    module_fingerprint: Mapped[str] = mapped_column(String(HASH_LEN))
+    hardware_hash: Mapped[str] = mapped_column(String(HASH_LEN))
+    search_space_version: Mapped[str] = mapped_column(String(64))
+    objective: Mapped[str] = mapped_column(String(64))
+    shape_bucket: Mapped[str] = mapped_column(String(200))
+    provider_version: Mapped[str] = mapped_column(String(100))
+
+    status: Mapped[str] = mapped_column(String(16), default=DecisionStatus.PENDING.value)
+    plan: Mapped[Any | None] = mapped_column(JSONType, default=None)
+    predicted_cost: Mapped[dict[str, Any] | None] = mapped_column(JSONType, default=None)
+    baseline: Mapped[dict[str, Any] | None] = mapped_column(JSONType, default=None)
+    transform_script: Mapped[str | None] = mapped_column(Text, default=None)
+    tiled_module: Mapped[str | None] = mapped_column(Text, default=None)
+    # Per anchor op: the IREE compilation_info attribute (text) and its parts.
+    compilation_info: Mapped[dict[str, Any] | None] = mapped_column(JSONType, default=None)
+    origin_map: Mapped[dict[str, Any] | None] = mapped_column(JSONType, default=None)
+    # strategy, budget, seed, evaluations, evaluations_per_s, complete
+    search_stats: Mapped[dict[str, Any] | None] = mapped_column(JSONType, default=None)
+    timings: Mapped[dict[str, Any] | None] = mapped_column(JSONType, default=None)
+    error: Mapped[str | None] = mapped_column(Text, default=None)
+
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)
+    # Single-flight: who is computing a pending decision, and until when that claim holds.
+    lease_owner: Mapped[str | None] = mapped_column(String(200), default=None)
+    lease_expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime, default=None)
+
+
+class Trial(Base):
+    """One evaluated candidate of a decision's search."""
+
+    __tablename__ = "trials"
+    __table_args__ = (UniqueConstraint("decision_id", "number"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    decision_id: Mapped[int] = mapped_column(ForeignKey("decisions.id", ondelete="CASCADE"))
+    number: Mapped[int] = mapped_column(Integer)
+    plan: Mapped[Any] = mapped_column(JSONType)
+    plan_hash: Mapped[str] = mapped_column(String(HASH_LEN), index=True)
+    cost: Mapped[dict[str, Any] | None] = mapped_column(JSONType, default=None)
+    latency_s: Mapped[float | None] = mapped_column(Float, default=None)
+    feasible: Mapped[bool] = mapped_column(Boolean)
+    reason: Mapped[str | None] = mapped_column(Text, default=None)
+
+
+class GroupRecord(Base):
+    """The best known plan of one tile group (by signature) on one hardware: warm starts."""
+
+    __tablename__ = "group_records"
+    __table_args__ = (UniqueConstraint("signature", "hardware_hash"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    signature: Mapped[str] = mapped_column(String(HASH_LEN))
+    hardware_hash: Mapped[str] = mapped_column(String(HASH_LEN))
+    plan: Mapped[Any] = mapped_column(JSONType)
+    latency_s: Mapped[float] = mapped_column(Float)
+    decision_id: Mapped[int | None] = mapped_column(
+        ForeignKey("decisions.id", ondelete="SET NULL"), default=None
+    )
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)
+
+
+class Measurement(Base):
+    """A plan compiled and timed on real hardware (IREE), successful or not."""
+
+    __tablename__ = "measurements"
+    __table_args__ = (Index("ix_measurements_plan_hardware", "plan_hash", "hardware_hash"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    decision_id: Mapped[int | None] = mapped_column(
+        ForeignKey("decisions.id", ondelete="SET NULL"), default=None, index=True
+    )
+    plan_hash: Mapped[str] = mapped_column(String(HASH_LEN))
+    hardware_hash: Mapped[str] = mapped_column(String(HASH_LEN))
+    config: Mapped[dict[str, Any]] = mapped_column(JSONType, default=dict)
+    ok: Mapped[bool] = mapped_column(Boolean)
+    median_s: Mapped[float | None] = mapped_column(Float, default=None)
+    samples: Mapped[list[float]] = mapped_column(JSONType, default=list)
+    error: Mapped[str | None] = mapped_column(Text, default=None)
+    iree_version: Mapped[str | None] = mapped_column(String(100), default=None)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
