@@ -52,5 +52,48 @@ def measure_cmd(
         typer.echo(f"     speedup: {result.speedup_over_default:.2f}x over IREE's default")
 
 
+db_app = typer.Typer(help="The decision store's schema (Alembic migrations).", no_args_is_help=True)
+app.add_typer(db_app, name="db")
+
+_DB_URL_HELP = "database URL (default: TILESEARCH_DATABASE_URL / DATABASE_URL / var/tilesearch.db)"
+
+
+@db_app.command("upgrade")
+def db_upgrade_cmd(
+    rev: str = typer.Argument("head", help="target revision"),
+    url: str | None = typer.Option(None, "--url", help=_DB_URL_HELP),
+) -> None:
+    """Migrate the store up to REV (default: the latest)."""
+    from service.store import migrate
+
+    migrate.upgrade(url, rev)
+    typer.echo(f"database at {migrate.current(url) or 'base (empty)'}")
+
+
+@db_app.command("downgrade")
+def db_downgrade_cmd(
+    rev: str = typer.Argument(..., help="target revision, -1, or base (drops every table)"),
+    url: str | None = typer.Option(None, "--url", help=_DB_URL_HELP),
+) -> None:
+    """Migrate the store down to REV."""
+    from service.store import migrate
+
+    migrate.downgrade(url, rev)
+    typer.echo(f"database at {migrate.current(url) or 'base (empty)'}")
+
+
+@db_app.command("current")
+def db_current_cmd(url: str | None = typer.Option(None, "--url", help=_DB_URL_HELP)) -> None:
+    """Print the store's revision and whether it is the latest."""
+    from service.store import migrate
+
+    revision = migrate.current(url)
+    heads = migrate.head_revisions()
+    state = "head" if revision in heads else f"not at head {', '.join(sorted(heads))}"
+    typer.echo(f"{revision or 'base (empty)'} ({state})")
+    if revision not in heads:
+        raise typer.Exit(1)
+
+
 if __name__ == "__main__":
     app()
