@@ -522,48 +522,78 @@ class BenchSettings:
     bench_timeout_s: float = 180.0
 
 
-def _measure(prepared: ForcedModule, workdir: Path, tag: str, settings: BenchSettings,
-             input_flags: Sequence[str]) -> Measurement:
+@dataclass
+class _Compiled:
+    """A compiled module ready to time, or the Measurement that says why it is not."""
+
+    prepared: ForcedModule
+    vmfb_path: Path
+    configs: list[LoweringConfig]
+    failure: Measurement | None = None
+
+
+def _compile(prepared: ForcedModule, workdir: Path, tag: str, settings: BenchSettings) -> _Compiled:
     mlir_path = workdir / f"{tag}.mlir"
     vmfb_path = workdir / f"{tag}.vmfb"
     configs_dir = workdir / f"{tag}_configs"
     mlir_path.write_text(prepared.text)
-    version = iree_version()
     try:
         compile_module(mlir_path, vmfb_path, configs_dir, settings.compile_timeout_s)
     except ToolFailure as failure:
-        return Measurement(ok=False, error=failure.line, config=prepared.configs, iree_version=version)
+        failed = Measurement(ok=False, error=failure.line, config=prepared.configs, iree_version=iree_version())
+        return _Compiled(prepared, vmfb_path, prepared.configs, failed)
     chosen = chosen_lowering_configs(configs_dir) if configs_dir.exists() else []
-    if prepared.configs:
-        # IREE may silently keep its own config; then timing it under the plan's name would lie.
-        for config in prepared.configs:
-            wanted = lowering_config_text(config)
-            if wanted not in chosen:
-                raise NotMeasurable(
-                    f"IREE did not keep the forced config {wanted} on {config.anchor}; "
-                    f"it used {chosen or 'nothing it reported'}"
-                )
-        reported = prepared.configs
-    else:
+    if not prepared.configs:
         reported = [c for c in map(_config_from_text, chosen) if c is not None]
-    try:
-        samples = benchmark_module(
-            vmfb_path,
-            prepared.function,
-            input_flags,
-            repetitions=settings.repetitions,
-            min_time_s=settings.min_time_s,
-            timeout_s=settings.bench_timeout_s,
-        )
-    except ToolFailure as failure:
-        return Measurement(ok=False, error=failure.line, config=reported, iree_version=version)
-    return Measurement(
-        ok=True,
-        median_s=statistics.median(samples),
-        samples_s=samples,
-        config=reported,
-        iree_version=version,
-    )
+        return _Compiled(prepared, vmfb_path, reported)
+    # IREE may silently keep its own config; then timing it under the plan's name would lie.
+    for config in prepared.configs:
+        wanted = lowering_config_text(config)
+        if wanted not in chosen:
+            raise NotMeasurable(
+                f"IREE did not keep the forced config {wanted} on {config.anchor}; "
+                f"it used {chosen or 'nothing it reported'}"
+            )
+    return _Compiled(prepared, vmfb_path, prepared.configs)
+
+
+def _time_rounds(
+    compiled: Sequence[_Compiled], input_flags: Sequence[str], settings: BenchSettings, rounds: int
+) -> list[Measurement]:
+    """Time each compiled module; with rounds > 1 they alternate (A B A B ...), so a load burst
+    from other processes on this shared machine hits all of them alike."""
+    samples: list[list[float]] = [[] for _ in compiled]
+    errors: list[str | None] = [c.failure.error if c.failure else None for c in compiled]
+    reps_per_round = max(1, settings.repetitions // rounds)
+    for _ in range(rounds):
+        for i, c in enumerate(compiled):
+            if errors[i] is not None:
+                continue
+            try:
+                samples[i] += benchmark_module(
+                    c.vmfb_path,
+                    c.prepared.function,
+                    input_flags,
+                    repetitions=reps_per_round,
+                    min_time_s=settings.min_time_s,
+                    timeout_s=settings.bench_timeout_s,
+                )
+            except ToolFailure as failure:
+                errors[i] = failure.line
+    version = iree_version()
+    out = []
+    for c, got, error in zip(compiled, samples, errors):
+        if error is not None:
+            out.append(Measurement(ok=False, error=error, config=c.configs, iree_version=version))
+        else:
+            out.append(Measurement(ok=True, median_s=statistics.median(got), samples_s=got,
+                                   config=c.configs, iree_version=version))
+    return out
+
+
+def _measure(prepared: ForcedModule, workdir: Path, tag: str, settings: BenchSettings,
+             input_flags: Sequence[str]) -> Measurement:
+    return _time_rounds([_compile(prepared, workdir, tag, settings)], input_flags, settings, 1)[0]
 
 
 def measure_plan(
@@ -603,15 +633,15 @@ def measure_plan_and_default(
     anchor_of: Callable[[Any], AnchorRef] | None = None,
     keep_dir: Path | None = None,
 ) -> Comparison:
-    """The forced plan and IREE's default on the same random inputs, compiled in one temp dir."""
+    """The forced plan and IREE's default on the same random inputs, compiled in one temp dir
+    and timed in alternating rounds (one repetition each) so that both see the same load."""
     forced = force_plan(module_text, plan, anchor_of=anchor_of)
     default = default_module(module_text, forced.function)
     with _workdir(keep_dir) as workdir:
         flags = write_inputs(forced.arguments, workdir)
-        return Comparison(
-            forced=_measure(forced, workdir, "forced", settings, flags),
-            default=_measure(default, workdir, "default", settings, flags),
-        )
+        compiled = [_compile(forced, workdir, "forced", settings), _compile(default, workdir, "default", settings)]
+        timed_forced, timed_default = _time_rounds(compiled, flags, settings, settings.repetitions)
+        return Comparison(forced=timed_forced, default=timed_default)
 
 
 class _workdir:

@@ -1,0 +1,59 @@
+"""On-disk cache of measurements, so calibration and the fidelity benchmark share their runs.
+
+Keyed by what determines a timing: the module text, the forced plan (or none: IREE's default),
+the IREE version and the benchmark settings. One JSON object per line; appends only, the last
+entry for a key wins. Not a store of record: deleting the file only costs re-measuring.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from .iree import BenchSettings, Measurement, iree_version
+
+DEFAULT_CACHE_PATH = Path("./var/measure/measurements.jsonl")
+
+
+def measurement_key(module_text: str, plan: Any | None, settings: BenchSettings) -> str:
+    if plan is not None and not isinstance(plan, dict):
+        plan = plan.model_dump()
+    body = json.dumps(
+        {
+            "module": module_text,
+            "plan": plan,
+            "iree": iree_version(),
+            "settings": asdict(settings),
+        },
+        sort_keys=True,
+        default=str,
+    )
+    return hashlib.sha256(body.encode()).hexdigest()
+
+
+class MeasurementCache:
+    """A JSON-lines file of {key, measurement}; `path=None` keeps it in memory only."""
+
+    def __init__(self, path: Path | None = DEFAULT_CACHE_PATH):
+        self.path = path
+        self._entries: dict[str, Measurement] = {}
+        if path is not None and path.exists():
+            for line in path.read_text().splitlines():
+                try:
+                    row = json.loads(line)
+                    self._entries[row["key"]] = Measurement.model_validate(row["measurement"])
+                except (ValueError, KeyError):
+                    continue  # a torn last line from an interrupted run
+
+    def get(self, key: str) -> Measurement | None:
+        return self._entries.get(key)
+
+    def put(self, key: str, measurement: Measurement) -> None:
+        self._entries[key] = measurement
+        if self.path is not None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with self.path.open("a") as f:
+                f.write(json.dumps({"key": key, "measurement": measurement.model_dump()}) + "\n")
