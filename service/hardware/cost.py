@@ -1,0 +1,864 @@
+"""Analytical memory/latency cost model over a TILED CLONE (the module a plan produced).
+
+Each top-level scf.forall / scf.for nest in the function body, and each tileable op standing
+alone, is a *nest*. A nest is a tree of loop nodes; the root is a pseudo-node (one iteration,
+depth 0) whose "iteration" is the whole nest. For each node we know its trip count, the slices
+its body reads (tensor.extract_slice) and writes (insert_slice / parallel_insert_slice), the
+linalg ops computed there and the nested loops.
+
+- Footprint of one iteration of a node = data brought in from outside the node (deduplicated,
+  union over inner loops) + the peak of intermediates live at once in its body (real program
+  order, destination-passing ops reuse their dying init) -- not a max over ops (seed 000 TODO).
+- Traffic into a level of capacity C: walk down the tree to the shallowest node whose one
+  iteration fits C; from there, every slice from outside is fetched once per iteration in which
+  it changes (invariant slices stay resident across iterations), times the enclosing trips.
+- Latency of a nest = max(compute, traffic_l / bandwidth_l for every level) + loop overheads,
+  with scf.forall iterations spread over cores in waves. Module latency = sum over nests.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass, field
+from itertools import count
+
+from pydantic import BaseModel, Field
+
+from service.ir.mlir import context, ir, linalg
+
+from .model import HardwareModel
+
+log = logging.getLogger(__name__)
+
+DYNAMIC = ir.ShapedType.get_dynamic_size()
+DEFAULT_DYNAMIC_EXTENT = 128
+UID_ATTR = "ts.uid"
+LOOP_OPS = ("scf.forall", "scf.for")
+# Ops whose results are views or metadata: no data moves, no flops.
+FREE_OPS = {"tensor.empty", "arith.constant", "tensor.dim", "tensor.expand_shape", "tensor.collapse_shape", "func.return"}
+# Body ops that are not arithmetic.
+NON_FLOP_BODY_OPS = {"linalg.yield", "linalg.index", "arith.constant", "arith.index_cast"}
+
+
+# --- output ------------------------------------------------------------------------------------
+
+class LevelCost(BaseModel):
+    name: str
+    footprint_bytes: int = Field(description="Largest live set assigned to this level (one iteration of the loop depth meant for it).")
+    traffic_bytes: int = Field(description="Bytes this level serves to the next inner level (innermost: to the compute units).")
+    capacity_bytes: int
+    time_s: float = 0.0
+
+
+class NestCost(BaseModel):
+    root_op: str
+    uids: list[int]
+    loops: list[dict] = Field(description="Loop nodes: depth, kind, trips, footprint_bytes.")
+    latency_s: float
+    compute_s: float
+    overhead_s: float
+    bound_by: str
+    flops: float
+    flops_by_uid: dict[int, float] = Field(default_factory=dict)
+    active_cores: int
+    waves: int
+    levels: list[LevelCost]
+
+
+class Cost(BaseModel):
+    hardware: str
+    hardware_hash: str
+    latency_s: float
+    feasible: bool
+    reasons: list[str] = Field(default_factory=list, description="Why infeasible (empty when feasible).")
+    notes: list[str] = Field(default_factory=list, description="Soft findings: cache overflows, defaulted dynamic dims.")
+    bound_by: str
+    levels: list[LevelCost]
+    flops: float
+    recompute_flops: float
+    unfused_intermediate_bytes: int = 0
+    nests: list[NestCost]
+
+
+# --- IR walking helpers ------------------------------------------------------------------------
+
+def _opname(op) -> str:
+    # OpViews shadow `.name` (func.func returns its symbol); the Operation has the op name.
+    return op.operation.name
+
+
+def _ranked(value: ir.Value) -> ir.RankedTensorType | None:
+    t = value.type
+    return t if isinstance(t, ir.RankedTensorType) else None
+
+
+def _element_bytes(t: ir.ShapedType) -> int:
+    et = t.element_type
+    if isinstance(et, ir.IndexType):
+        return 8
+    try:
+        return max(1, et.width // 8)
+    except AttributeError:
+        return 4
+
+
+def _uid(op) -> int | None:
+    attrs = op.attributes
+    if UID_ATTR in attrs:
+        return ir.IntegerAttr(attrs[UID_ATTR]).value
+    return None
+
+
+def _is_tileable(op) -> bool:
+    return _opname(op).startswith("linalg.") and _opname(op) not in ("linalg.yield", "linalg.index")
+
+
+def _body_ops(op, region: int = 0) -> list:
+    if not op.regions or not op.regions[region].blocks:
+        return []
+    return list(op.regions[region].blocks[0].operations)
+
+
+@dataclass
+class Slice:
+    """One read or write of a tile of a tensor defined outside the node that holds it."""
+
+    key: tuple
+    source: ir.Value  # resolved through loop-carried block args
+    bytes: int
+    source_bytes: int
+    deps: frozenset[int]  # ids of loop nodes whose induction variables move the slice
+    node: "Node"
+    is_write: bool = False
+
+
+@dataclass
+class Compute:
+    op: object
+    name: str
+    uid: int | None
+    points: int  # iteration points of one execution
+    flops_per_point: int
+    reduction_tile: list[int]
+    parallel_tile: list[int]
+    element_type: str
+    element_bytes: int
+    operand_bytes: int  # all operand + result tile bytes of one execution
+    node: "Node"
+
+
+@dataclass
+class Node:
+    id: int
+    op: object | None  # None for the nest's root pseudo-node
+    kind: str  # "root", "forall", "for"
+    trips: int
+    depth: int
+    parent: "Node | None"
+    ivs: list[ir.Value] = field(default_factory=list)
+    items: list = field(default_factory=list)  # body in program order (ops)
+    slices: list[Slice] = field(default_factory=list)  # direct reads/writes of this body
+    computes: list[Compute] = field(default_factory=list)
+    children: list["Node"] = field(default_factory=list)
+    defined: set = field(default_factory=set)  # values defined directly in this body
+
+    def subtree(self):
+        yield self
+        for c in self.children:
+            yield from c.subtree()
+
+    def ancestors_and_self(self):
+        n = self
+        while n is not None:
+            yield n
+            n = n.parent
+
+    @property
+    def executions(self) -> int:
+        """How many times this node's loop runs in total (product of enclosing trips)."""
+        total = 1
+        n = self.parent
+        while n is not None:
+            total *= n.trips
+            n = n.parent
+        return total
+
+
+class _Analyzer:
+    """Walks one function of the tiled clone. Holds the value -> node maps of the walk."""
+
+    def __init__(self, hw: HardwareModel, shape_hints: dict[str, object] | None, func):
+        self.hw = hw
+        self.hints = _normalize_hints(shape_hints or {})
+        self.func = func
+        self.notes: list[str] = []
+        self.ids = count()
+        self.iv_node: dict[ir.Value, int] = {}
+        self.value_node: dict[ir.Value, Node] = {}
+        self.nodes: dict[int, Node] = {}
+        args = list(func.regions[0].blocks[0].arguments)
+        self.arg_names = {a: f"arg{i}" for i, a in enumerate(args)}
+
+    # ----- values
+    def int_value(self, v: ir.Value) -> int | None:
+        """A static index value, or None when it depends on an induction variable."""
+        if isinstance(v, ir.OpResult):
+            op = v.owner
+            name = _opname(op)
+            if name == "arith.constant":
+                return ir.IntegerAttr(op.attributes["value"]).value
+            if name == "tensor.dim":
+                src, idx = op.operands
+                i = self.int_value(idx)
+                return None if i is None else self.shape(src)[i]
+            if name in ("affine.apply", "affine.min", "affine.max"):
+                amap = ir.AffineMapAttr(op.attributes["map"]).value
+                args = [self.int_value(o) for o in op.operands]
+                vals = [_eval_affine(e, args, amap.n_dims) for e in amap.results]
+                known = [x for x in vals if x is not None]
+                if name == "affine.min" and known:
+                    return min(known)  # a tile-size bound: the full tile is the common case
+                if name == "affine.max" and known:
+                    return max(known)
+                return vals[0] if len(vals) == 1 else None
+            if name in ("arith.addi", "arith.subi", "arith.muli", "arith.ceildivsi", "arith.divsi", "arith.minsi", "arith.minui"):
+                a, b = (self.int_value(o) for o in op.operands)
+                if a is None or b is None:
+                    return None
+                return {"arith.addi": a + b, "arith.subi": a - b, "arith.muli": a * b,
+                        "arith.ceildivsi": -(-a // b), "arith.divsi": a // b,
+                        "arith.minsi": min(a, b), "arith.minui": min(a, b)}[name]
+            if name == "arith.index_cast":
+                return self.int_value(op.operands[0])
+        return None
+
+    def shape(self, v: ir.Value) -> list[int]:
+        t = _ranked(v)
+        if t is None:
+            return []
+        dims = list(t.shape)
+        for i, d in enumerate(dims):
+            if d == DYNAMIC:
+                dims[i] = self.dynamic_extent(v, i)
+        return dims
+
+    def dynamic_extent(self, v: ir.Value, dim: int) -> int:
+        v = self.resolve(v)
+        if isinstance(v, ir.BlockArgument) and v in self.arg_names:
+            name = self.arg_names[v]
+            hint = self.hints.get(name)
+            if hint is not None:
+                return hint[dim] if dim < len(hint) else hint[-1]
+            self._note(f"{name} dim {dim} is dynamic and has no shape hint: assumed {DEFAULT_DYNAMIC_EXTENT}")
+            return DEFAULT_DYNAMIC_EXTENT
+        if isinstance(v, ir.OpResult):
+            op = v.owner
+            if _opname(op) == "tensor.empty":
+                t = ir.RankedTensorType(v.type)
+                dyn_index = sum(1 for d in list(t.shape)[:dim] if d == DYNAMIC)
+                n = self.int_value(op.operands[dyn_index])
+                if n is not None:
+                    return n
+            elif _opname(op) == "tensor.extract_slice":
+                sizes = self.slice_sizes(op)
+                return sizes[dim] if dim < len(sizes) else DEFAULT_DYNAMIC_EXTENT
+            elif _is_tileable(op) or _opname(op) in LOOP_OPS:
+                inits = _dps_inits(op)
+                if v.result_number < len(inits):
+                    return self.shape(inits[v.result_number])[dim]
+        self._note(f"a dynamic dim of {op_name_of(v)} could not be sized: assumed {DEFAULT_DYNAMIC_EXTENT}")
+        return DEFAULT_DYNAMIC_EXTENT
+
+    def _note(self, text: str) -> None:
+        if text not in self.notes:
+            self.notes.append(text)
+            log.warning(text)
+
+    def resolve(self, v: ir.Value) -> ir.Value:
+        """Follow loop-carried tensors (iter_args, shared_outs) back to the tensor they alias."""
+        while isinstance(v, ir.BlockArgument):
+            owner = v.owner.owner
+            if owner is None:
+                return v
+            name = _opname(owner)
+            n = v.arg_number
+            if name == "scf.for" and n >= 1:
+                v = owner.operands[3 + n - 1]
+            elif name == "scf.forall":
+                rank = len(ir.DenseI64ArrayAttr(owner.attributes["staticUpperBound"]))
+                if n < rank:
+                    return v
+                v = owner.opview.outputs[n - rank]
+            else:
+                return v
+        return v
+
+    def slice_sizes(self, op) -> list[int]:
+        static = list(ir.DenseI64ArrayAttr(op.attributes["static_sizes"]))
+        dynamic = list(op.opview.sizes)
+        out = []
+        for s in static:
+            if s == DYNAMIC:
+                d = dynamic.pop(0)
+                n = self.int_value(d)
+                out.append(n if n is not None else DEFAULT_DYNAMIC_EXTENT)
+            else:
+                out.append(s)
+        return out
+
+    def deps(self, values) -> frozenset[int]:
+        """Loop nodes whose induction variables flow into these index values."""
+        found: set[int] = set()
+        stack = list(values)
+        seen = set()
+        while stack:
+            v = stack.pop()
+            if v in seen:
+                continue
+            seen.add(v)
+            if v in self.iv_node:
+                found.add(self.iv_node[v])
+            elif isinstance(v, ir.OpResult) and not v.owner.regions:
+                stack.extend(v.owner.operands)
+        return frozenset(found)
+
+    def offset_key(self, v: ir.Value):
+        if v in self.iv_node:
+            return ("iv", self.iv_node[v], v.arg_number)
+        c = self.int_value(v)
+        if c is not None:
+            return c
+        if isinstance(v, ir.OpResult) and _opname(v.owner).startswith("affine."):
+            return (_opname(v.owner), str(v.owner.attributes["map"]), tuple(self.offset_key(o) for o in v.owner.operands))
+        return ("v", v.get_name())
+
+    def value_key(self, v: ir.Value):
+        if isinstance(v, ir.BlockArgument):
+            return ("blockarg", id(v.owner), v.arg_number) if v not in self.arg_names else ("arg", self.arg_names[v])
+        return ("res", v.get_name())
+
+    def bytes_of(self, v: ir.Value, shape: list[int] | None = None) -> int:
+        t = _ranked(v)
+        if t is None:
+            return 0
+        return math.prod(shape if shape is not None else self.shape(v)) * _element_bytes(t)
+
+    # ----- tree
+    def new_node(self, op, kind: str, trips: int, parent: Node | None) -> Node:
+        node = Node(id=next(self.ids), op=op, kind=kind, trips=max(1, trips), depth=0 if parent is None else parent.depth + 1, parent=parent)
+        self.nodes[node.id] = node
+        if parent is not None:
+            parent.children.append(node)
+        return node
+
+    def loop_trips(self, op) -> tuple[int, list[ir.Value]]:
+        body = op.regions[0].blocks[0]
+        if _opname(op) == "scf.for":
+            lb, ub, step = (self.int_value(o) for o in list(op.operands)[:3])
+            if ub is None:
+                self._note(f"scf.for with a dynamic upper bound: assumed {DEFAULT_DYNAMIC_EXTENT} iterations")
+                return DEFAULT_DYNAMIC_EXTENT, [body.arguments[0]]
+            return max(1, -(-(ub - (lb or 0)) // (step or 1))), [body.arguments[0]]
+        view = op.opview
+        rank = len(ir.DenseI64ArrayAttr(op.attributes["staticUpperBound"]))
+        bounds = []
+        for attr, dyn in (("staticLowerBound", view.dynamicLowerBound), ("staticUpperBound", view.dynamicUpperBound), ("staticStep", view.dynamicStep)):
+            dyn = list(dyn)
+            vals = []
+            for s in ir.DenseI64ArrayAttr(op.attributes[attr]):
+                if s == DYNAMIC:
+                    n = self.int_value(dyn.pop(0))
+                    vals.append(n if n is not None else DEFAULT_DYNAMIC_EXTENT)
+                else:
+                    vals.append(s)
+            bounds.append(vals)
+        trips = math.prod(max(1, -(-(u - l) // s)) for l, u, s in zip(*bounds))
+        return trips, list(body.arguments)[:rank]
+
+    def build_body(self, node: Node, ops) -> None:
+        for op in ops:
+            name = _opname(op)
+            node.items.append(op)
+            for r in op.results:
+                self.value_node[r] = node
+                node.defined.add(r)
+            if name in LOOP_OPS:
+                trips, ivs = self.loop_trips(op)
+                child = self.new_node(op, "forall" if name == "scf.forall" else "for", trips, node)
+                child.ivs = ivs
+                for iv in ivs:
+                    self.iv_node[iv] = child.id
+                inner = _body_ops(op)
+                self.build_body(child, inner)
+            elif name == "scf.forall.in_parallel":
+                self.build_body(node, _body_ops(op))
+            elif name == "tensor.extract_slice":
+                self.add_slice(node, op, op.operands[0], op.results[0], is_write=False)
+            elif name in ("tensor.insert_slice", "tensor.parallel_insert_slice"):
+                self.add_slice(node, op, op.operands[1], op.operands[0], is_write=True)
+            elif _is_tileable(op):
+                node.computes.append(self.compute_of(op, node))
+
+    def add_slice(self, node: Node, op, source: ir.Value, tile: ir.Value, is_write: bool) -> None:
+        view = op.opview
+        sizes = self.slice_sizes(op)
+        root = self.resolve(source)
+        offsets = [self.offset_key(o) for o in view.offsets]
+        static_offsets = list(ir.DenseI64ArrayAttr(op.attributes["static_offsets"]))
+        node.slices.append(
+            Slice(
+                key=(self.value_key(root), tuple(static_offsets), tuple(offsets), tuple(sizes)),
+                source=root,
+                bytes=self.bytes_of(tile, [s for s in sizes if s != 1] or [1]) if _ranked(tile) else 0,
+                source_bytes=self.bytes_of(root),
+                deps=self.deps(list(view.offsets)),
+                node=node,
+                is_write=is_write,
+            )
+        )
+
+    def compute_of(self, op, node: Node) -> Compute:
+        operands = [o for o in op.operands if _ranked(o) is not None]
+        shapes = [self.shape(o) for o in operands]
+        maps = [ir.AffineMapAttr(m).value for m in linalg.get_indexing_maps(op)]
+        tensor_maps = [m for m, o in zip(maps, op.operands) if _ranked(o) is not None] if len(maps) == len(list(op.operands)) else maps[-len(operands):]
+        n_dims = maps[0].n_dims if maps else 0
+        ranges = [1] * n_dims
+        found = [False] * n_dims
+        for m, shp in zip(tensor_maps, shapes):
+            for pos, e in enumerate(m.results):
+                if isinstance(e, ir.AffineDimExpr) and pos < len(shp) and not found[e.position]:
+                    ranges[e.position] = shp[pos]
+                    found[e.position] = True
+        out_dims = {e.position for e in maps[-1].results if isinstance(e, ir.AffineDimExpr)} if maps else set()
+        reduction = [ranges[d] for d in range(n_dims) if d not in out_dims]
+        parallel = [ranges[d] for d in range(n_dims) if d in out_dims]
+        t = _ranked(operands[-1]) if operands else None
+        return Compute(
+            op=op,
+            name=_opname(op),
+            uid=_uid(op),
+            points=math.prod(ranges) if ranges else 1,
+            flops_per_point=_flops_per_point(op),
+            reduction_tile=reduction,
+            parallel_tile=parallel,
+            element_type=str(t.element_type) if t else "f32",
+            element_bytes=_element_bytes(t) if t else 4,
+            operand_bytes=sum(self.bytes_of(o, s) for o, s in zip(operands, shapes)) + sum(self.bytes_of(r) for r in op.results),
+            node=node,
+        )
+
+
+def op_name_of(v: ir.Value) -> str:
+    return _opname(v.owner) if isinstance(v, ir.OpResult) else "a block argument"
+
+
+def _dps_inits(op) -> list[ir.Value]:
+    if _opname(op) == "scf.for":
+        return list(op.operands)[3:]
+    if _opname(op) == "scf.forall":
+        return list(op.opview.outputs)
+    n_out = len(op.results)
+    return list(op.operands)[-n_out:] if n_out else []
+
+
+def _flops_per_point(op) -> int:
+    """Arithmetic ops in a linalg body (matmul/conv bodies: mulf + addf = 2)."""
+    n = 0
+    for region in op.regions:
+        for block in region.blocks:
+            for inner in block.operations:
+                if _opname(inner).split(".")[0] in ("arith", "math") and _opname(inner) not in NON_FLOP_BODY_OPS:
+                    n += 1
+    return n
+
+
+def _eval_affine(e, args: list[int | None], n_dims: int) -> int | None:
+    if isinstance(e, ir.AffineConstantExpr):
+        return e.value
+    if isinstance(e, ir.AffineDimExpr):
+        return args[e.position]
+    if isinstance(e, ir.AffineSymbolExpr):
+        return args[n_dims + e.position]
+    if isinstance(e, ir.AffineBinaryExpr):
+        a, b = _eval_affine(e.lhs, args, n_dims), _eval_affine(e.rhs, args, n_dims)
+        if a is None or b is None:
+            return None
+        if isinstance(e, ir.AffineAddExpr):
+            return a + b
+        if isinstance(e, ir.AffineMulExpr):
+            return a * b
+        if isinstance(e, ir.AffineFloorDivExpr):
+            return a // b
+        if isinstance(e, ir.AffineCeilDivExpr):
+            return -(-a // b)
+        if isinstance(e, ir.AffineModExpr):
+            return a % b
+    return None
+
+
+def _normalize_hints(hints: dict[str, object]) -> dict[str, list[int]]:
+    """{'arg0': '128x1024' | [128, 1024] | 128} -> {'arg0': [128, 1024]}."""
+    out = {}
+    for k, v in hints.items():
+        if isinstance(v, str):
+            out[k] = [int(x) for x in v.lower().split("x")]
+        elif isinstance(v, int):
+            out[k] = [v]
+        else:
+            out[k] = [int(x) for x in v]
+    return out
+
+
+# --- per-node quantities -------------------------------------------------------------------------
+
+def _defined_inside(node: Node, v: ir.Value, an: _Analyzer) -> bool:
+    owner = an.value_node.get(v)
+    while owner is not None:
+        if owner is node:
+            return True
+        owner = owner.parent
+    return False
+
+
+def _outside_slices(node: Node, an: _Analyzer) -> list[tuple[Slice, int]]:
+    """Slices in node's subtree whose data lives outside node, deduplicated, with their union
+    bytes over one iteration of node (inner loops that move the slice multiply it, capped at the
+    source tensor)."""
+    seen: dict[tuple, tuple[Slice, int]] = {}
+    for n in node.subtree():
+        for s in n.slices:
+            if _defined_inside(node, s.source, an):
+                continue
+            inner_moves = 1
+            m = n
+            while m is not node:
+                if m.id in s.deps:
+                    inner_moves *= m.trips
+                m = m.parent
+            union = min(s.bytes * inner_moves, s.source_bytes or s.bytes * inner_moves)
+            key = (s.key, n.id if n is not node else None)
+            if key not in seen or seen[key][1] < union:
+                seen[key] = (s, union)
+    # A read and a write of the same tile are one buffer.
+    by_tile: dict[tuple, tuple[Slice, int]] = {}
+    for (k, _), (s, u) in seen.items():
+        if k not in by_tile or by_tile[k][1] < u:
+            by_tile[k] = (s, u)
+    return list(by_tile.values())
+
+
+def _intermediate_peak(node: Node, an: _Analyzer) -> int:
+    """Peak bytes of intermediates (linalg results used by later ops) live at once in node's body."""
+    items = node.items
+    index_of_use: dict[ir.Value, int] = {}
+    for i, op in enumerate(items):
+        for v in _values_used(op):
+            index_of_use[v] = i
+    live: dict[ir.Value, tuple[int, int, int]] = {}  # value -> (start, end, bytes)
+    for i, op in enumerate(items):
+        if not _is_tileable(op):
+            continue
+        for r in op.results:
+            end = index_of_use.get(r)
+            users = [_opname(u.owner) for u in r.uses]
+            if end is None or all(u in ("tensor.insert_slice", "tensor.parallel_insert_slice", "scf.yield") for u in users):
+                continue  # the nest's output tile: counted as its destination slice
+            size = an.bytes_of(r)
+            inits = _dps_inits(op)
+            # An op writing into a dying intermediate reuses that buffer.
+            for init in inits:
+                if init in live and live[init][1] == i:
+                    start, _, b = live.pop(init)
+                    live[r] = (start, end, max(b, size))
+                    break
+            else:
+                live[r] = (i, end, size)
+    peak = 0
+    child_peak = {id(c.op): _intermediate_peak(c, an) for c in node.children}
+    for i, op in enumerate(items):
+        here = sum(b for s, e, b in live.values() if s <= i <= e) + child_peak.get(id(op), 0)
+        peak = max(peak, here)
+    return peak
+
+
+def _values_used(op) -> list[ir.Value]:
+    out = list(op.operands)
+    for region in op.regions:
+        for block in region.blocks:
+            for inner in block.operations:
+                out.extend(_values_used(inner))
+    return out
+
+
+def _footprint(node: Node, an: _Analyzer, cache: dict[int, int]) -> int:
+    if node.id not in cache:
+        cache[node.id] = sum(u for _, u in _outside_slices(node, an)) + _intermediate_peak(node, an)
+    return cache[node.id]
+
+
+def _misses(node: Node, capacity: float, an: _Analyzer, fp: dict[int, int]) -> float:
+    """Bytes brought into a level of `capacity` during ONE execution of `node` (all its trips)."""
+    if _footprint(node, an, fp) <= capacity:
+        total = 0.0
+        for s, union in _outside_slices(node, an):
+            # Invariant in this loop: stays resident across its iterations.
+            total += union * (node.trips if node.id in s.deps else 1)
+        return total
+    per_iteration = 0.0
+    for s in node.slices:
+        if not _defined_inside(node, s.source, an) or s.node is node:
+            if _feeds_compute_here(s, node):
+                per_iteration += s.bytes
+    for c in node.computes:  # intermediates spill when the iteration does not fit
+        per_iteration += sum(an.bytes_of(r) for r in c.op.results)
+    for child in node.children:
+        per_iteration += _misses(child, capacity, an, fp)
+    return per_iteration * node.trips
+
+
+def _feeds_compute_here(s: Slice, node: Node) -> bool:
+    """A slice counts at this level unless it is only sliced further by inner loops (then the
+    inner loops fetch the parts)."""
+    if s.is_write or not node.children:
+        return True
+    return bool(node.computes)
+
+
+# --- public API -----------------------------------------------------------------------------------
+
+def _top_level_nests(func) -> list:
+    """Live top-level loops and standalone tileable ops of a function body, in order."""
+    ops = list(func.regions[0].blocks[0].operations)
+    used: set = set()
+    live = []
+    for op in reversed(ops):
+        is_live = _opname(op) == "func.return" or any(r in used for r in op.results)
+        if not is_live:
+            continue  # dead code left behind by fusion
+        used.update(_values_used(op))
+        if _opname(op) in LOOP_OPS or _is_tileable(op):
+            live.append(op)
+    return list(reversed(live))
+
+
+def estimate_cost(
+    tiled: ir.Module,
+    hardware: HardwareModel,
+    shape_hints: dict[str, object] | None = None,
+    original: ir.Module | None = None,
+) -> Cost:
+    """Cost of a tiled clone on `hardware`. `original` (the module before tiling, same uids)
+    makes recompute_flops exact; without it only ops computed in several nests count."""
+    with context():
+        funcs = [op for op in tiled.body.operations if _opname(op) == "func.func"]
+        nests: list[NestCost] = []
+        reasons: list[str] = []
+        notes: list[str] = []
+        executed_by_uid: dict[int, float] = {}
+        flops_by_nest_uid: list[dict[int, float]] = []
+        unfused = 0
+        for func in funcs:
+            an = _Analyzer(hardware, shape_hints, func)
+            nest_ops = _top_level_nests(func)
+            produced_by_nest: set = set()
+            for op in nest_ops:
+                root = an.new_node(None, "root", 1, None)
+                an.build_body(root, [op])
+                for r in op.results:  # the nest's results live in main memory, outside the nest
+                    an.value_node.pop(r, None)
+                if _is_tileable(op):  # a standalone op reads whole operands
+                    for o in op.operands:
+                        if _ranked(o) is not None:
+                            r = an.resolve(o)
+                            root.slices.append(Slice(key=(an.value_key(r), (), (), tuple(an.shape(r))), source=r, bytes=an.bytes_of(r), source_bytes=an.bytes_of(r), deps=frozenset(), node=root))
+                    for r in op.results:
+                        root.slices.append(Slice(key=(an.value_key(r), "out"), source=r, bytes=an.bytes_of(r), source_bytes=an.bytes_of(r), deps=frozenset(), node=root, is_write=True))
+                else:
+                    for r in op.results:  # the loop's results land in main memory
+                        root.slices.append(Slice(key=(an.value_key(r), "out"), source=r, bytes=an.bytes_of(r), source_bytes=an.bytes_of(r), deps=frozenset(), node=root, is_write=True))
+                # Inputs produced by an earlier nest went through main memory (un-fused).
+                for s in _outside_slices(root, an):
+                    if not s[0].is_write and s[0].source in produced_by_nest:
+                        unfused += s[0].source_bytes
+                produced_by_nest.update(op.results)
+                nest, per_uid = _cost_nest(root, op, an, hardware, reasons)
+                nests.append(nest)
+                flops_by_nest_uid.append(per_uid)
+                for uid, f in per_uid.items():
+                    executed_by_uid[uid] = executed_by_uid.get(uid, 0.0) + f
+            notes.extend(an.notes)
+        recompute = _recompute_flops(executed_by_uid, flops_by_nest_uid, original, hardware, shape_hints)
+        if original is None and any(n.uids for n in nests):
+            notes.append("recompute_flops counts only ops computed in several nests (pass the original module for halos)")
+        levels = _sum_levels(nests, hardware)
+        for lv, mem in zip(levels, hardware.memory_levels):
+            if lv.footprint_bytes > lv.capacity_bytes and not mem.scratchpad and mem is not hardware.main_memory:
+                notes.append(f"{lv.name} overflow (soft, cache): {_kib(lv.footprint_bytes)} live > {_kib(lv.capacity_bytes)} capacity")
+        latency = sum(n.latency_s for n in nests)
+        bound = max(nests, key=lambda n: n.latency_s).bound_by if nests else "compute"
+        return Cost(
+            hardware=hardware.name,
+            hardware_hash=hardware.content_hash(),
+            latency_s=latency,
+            feasible=not reasons,
+            reasons=reasons,
+            notes=notes,
+            bound_by=bound,
+            levels=levels,
+            flops=sum(n.flops for n in nests),
+            recompute_flops=recompute,
+            unfused_intermediate_bytes=unfused,
+            nests=nests,
+        )
+
+
+def _kib(b: float) -> str:
+    return f"{b / 1024:.0f} KiB" if b < 10 * 1024 * 1024 else f"{b / 1024 / 1024:.1f} MiB"
+
+
+def _cost_nest(root: Node, op, an: _Analyzer, hw: HardwareModel, reasons: list[str]) -> tuple[NestCost, dict[int, float]]:
+    fp: dict[int, int] = {}
+    nodes = list(root.subtree())
+    band = _band_levels(root)
+    max_depth = max(band.values())
+    # A band's tile is one iteration of its innermost loop (e.g. the j loop of an i/j band).
+    band_tiles = [n for n in nodes if not (len(n.children) == 1 and band[n.children[0].id] == band[n.id])]
+    footprint_at_depth = [max((_footprint(n, an, fp) for n in band_tiles if band[n.id] == d), default=0) for d in range(max_depth + 1)]
+
+    # Parallelism: the outermost scf.forall is distributed over cores in waves.
+    top = root.children[0] if root.children else None
+    cores = hw.compute.cores
+    if top is not None and top.kind == "forall":
+        active = min(cores, top.trips)
+        waves = -(-top.trips // cores)
+        utilization = top.trips / (waves * cores)
+    else:
+        active, waves, utilization = 1, 1, 1 / cores
+
+    # Flops, vector-lane use, compute-side (innermost level) traffic.
+    flops = 0.0
+    per_uid: dict[int, float] = {}
+    inner_traffic = 0.0
+    weighted_lane_use = 0.0
+    elem_type = "f32"
+    for n in nodes:
+        for c in n.computes:
+            runs = n.executions * n.trips if n.kind != "root" else 1
+            f = runs * c.points * c.flops_per_point
+            flops += f
+            inner_traffic += runs * c.operand_bytes
+            if c.uid is not None:
+                per_uid[c.uid] = per_uid.get(c.uid, 0.0) + f
+            lanes = max(1, hw.compute.vector_width_bytes // c.element_bytes)
+            last = c.parallel_tile[-1] if c.parallel_tile else 1
+            weighted_lane_use += f * (last / (math.ceil(last / lanes) * lanes))
+            if f and c.flops_per_point:
+                elem_type = c.element_type
+            _check_vector_tile(c, band[n.id], hw, reasons)
+    lane_use = weighted_lane_use / flops if flops else 1.0
+    streamed_bytes = sum(
+        (n.executions * n.trips if n.kind != "root" else 1) * c.points * c.element_bytes
+        for n in nodes for c in n.computes if c.reduction_tile
+    )
+    compute_s = flops / (hw.effective_peak(elem_type) * utilization * lane_use) if flops else 0.0
+
+    # Traffic per level: level i serves the misses of level i+1; the innermost serves the ALUs.
+    levels = hw.memory_levels
+    level_costs: list[LevelCost] = []
+    times = {"compute": compute_s}
+    for i, lv in enumerate(levels):
+        depth = max(0, max_depth - (len(levels) - 1 - i))
+        footprint = footprint_at_depth[depth] * (active if lv.shared and depth >= 1 else 1)
+        if i + 1 < len(levels):
+            inner = levels[i + 1]
+            cap = inner.capacity_bytes / (active if inner.shared else 1)
+            traffic = _misses(root, cap, an, fp)
+        else:
+            traffic = inner_traffic
+        if i == len(levels) - 2 and not levels[-1].scratchpad and footprint_at_depth[max_depth] > levels[-1].capacity_bytes:
+            # The innermost tile overflows the innermost cache: operands of reducing ops stream
+            # from this level with reuse of one vector load per vector FMA only.
+            traffic += streamed_bytes
+        eff = hw.calibration.bandwidth_efficiency.get(lv.name, 1.0)
+        bandwidth = lv.bandwidth_bytes_per_s * eff * (1 if lv.shared else active)
+        t = traffic / bandwidth
+        times[lv.name] = t
+        level_costs.append(LevelCost(name=lv.name, footprint_bytes=int(footprint), traffic_bytes=int(traffic), capacity_bytes=lv.capacity_bytes, time_s=t))
+        if lv.scratchpad and footprint_at_depth[depth] > lv.capacity_bytes:
+            reasons.append(
+                f"{lv.name} overflow: {_kib(footprint_at_depth[depth])} live > {_kib(lv.capacity_bytes)} capacity "
+                f"(loop depth {depth} of nest at {_opname(op)})"
+            )
+
+    # Loop overheads: iterations inside the distributed forall run on `active` cores at once.
+    overhead = 0.0
+    for n in nodes:
+        if n.kind == "root":
+            continue
+        iterations = n.executions * n.trips
+        in_forall = top is not None and top.kind == "forall"
+        overhead += iterations * hw.effective_loop_overhead_s() / (active if in_forall else 1)
+
+    bound_by = max(times, key=times.get)
+    latency = times[bound_by] + overhead
+    loops = [{"depth": n.depth, "level": band[n.id], "kind": n.kind, "trips": n.trips, "footprint_bytes": _footprint(n, an, fp)} for n in nodes if n.kind != "root"]
+    uids = sorted({c.uid for n in nodes for c in n.computes if c.uid is not None})
+    return (
+        NestCost(root_op=_opname(op), uids=uids, loops=loops, latency_s=latency, compute_s=compute_s, overhead_s=overhead, bound_by=bound_by, flops=flops, flops_by_uid=per_uid, active_cores=active, waves=waves, levels=level_costs),
+        per_uid,
+    )
+
+
+def _band_levels(root: Node) -> dict[int, int]:
+    """Tiling level of each loop node: loops perfectly nested in each other (one plan level tiling
+    several dims makes one scf.for per dim) form one band and share a level."""
+    levels = {root.id: 0}
+    for n in root.subtree():
+        for c in n.children:
+            perfectly_nested = n.kind == "for" and c.kind == "for" and len(n.children) == 1 and not n.slices and not n.computes
+            levels[c.id] = levels[n.id] + (0 if perfectly_nested else 1)
+    return levels
+
+
+def _check_vector_tile(c: Compute, level: int, hw: HardwareModel, reasons: list[str]) -> None:
+    """IREE's CPU backend rejects vector tiles (parallel product x reduction tile) of >= 32 KiB.
+    Only ops under all three plan levels (distribution, vector parallel, vector reduction) have a
+    plan-chosen vector tile."""
+    if hw.max_vector_tile_bytes is None or level < 3 or not c.reduction_tile:
+        return
+    size = c.points * c.element_bytes
+    if size >= hw.max_vector_tile_bytes:
+        dims = "x".join(str(d) for d in c.parallel_tile + c.reduction_tile)
+        reasons.append(
+            f"vector tile too large: {c.name} (uid {c.uid}) tile {dims} = {c.points} {c.element_type} elements "
+            f"({_kib(size)}) >= {_kib(hw.max_vector_tile_bytes)} limit"
+        )
+
+
+def _sum_levels(nests: list[NestCost], hw: HardwareModel) -> list[LevelCost]:
+    out = []
+    for i, lv in enumerate(hw.memory_levels):
+        out.append(
+            LevelCost(
+                name=lv.name,
+                footprint_bytes=max((n.levels[i].footprint_bytes for n in nests), default=0),
+                traffic_bytes=sum(n.levels[i].traffic_bytes for n in nests),
+                capacity_bytes=lv.capacity_bytes,
+                time_s=sum(n.levels[i].time_s for n in nests),
+            )
+        )
+    return out
+
+
+def _recompute_flops(executed: dict[int, float], per_nest: list[dict[int, float]], original: ir.Module | None, hw: HardwareModel, hints) -> float:
+    """Flops computed beyond what the untiled program needs, per original op (uid)."""
+    if original is not None:
+        base: dict[int, float] = {}
+        for n in estimate_cost(original, hw, hints).nests:
+            for uid, f in n.flops_by_uid.items():
+                base[int(uid)] = base.get(int(uid), 0.0) + f
+        return sum(max(0.0, f - base[uid]) for uid, f in executed.items() if uid in base)
+    # Without the original: an op computed in several nests is recomputed in all but the largest.
+    return sum(f - max(d.get(uid, 0.0) for d in per_nest) for uid, f in executed.items())
