@@ -1,0 +1,90 @@
+"""HardwareModel validation, profiles, host detection from sysfs."""
+
+import json
+
+import pytest
+from pydantic import ValidationError
+
+from service.hardware.model import Compute, HardwareModel, MemoryLevel
+from service.hardware.profiles import (
+    UnknownHardwareError,
+    detect_host_cpu,
+    get_profile,
+    list_profiles,
+    save_profile,
+)
+
+
+def _model(levels, cores=1):
+    return HardwareModel(name="t", memory_levels=levels, compute=Compute(peak_flops_per_s={"f32": 1e11}, cores=cores))
+
+
+DRAM = dict(name="DRAM", capacity_bytes=1 << 30, bandwidth_bytes_per_s=1e10, shared=True)
+L1 = dict(name="L1", capacity_bytes=1 << 15, bandwidth_bytes_per_s=1e11)
+
+
+def test_rejects_nonsense():
+    with pytest.raises(ValidationError, match="bandwidth_bytes_per_s must be > 0"):
+        MemoryLevel(**{**L1, "bandwidth_bytes_per_s": 0})
+    with pytest.raises(ValidationError, match="capacity_bytes must be > 0"):
+        MemoryLevel(**{**L1, "capacity_bytes": -1})
+    with pytest.raises(ValidationError, match="capacities grow inward"):
+        _model([MemoryLevel(**L1), MemoryLevel(**DRAM)])
+    with pytest.raises(ValidationError, match="memory_levels is empty"):
+        _model([])
+    with pytest.raises(ValidationError, match="cores must be >= 1"):
+        _model([MemoryLevel(**DRAM)], cores=0)
+
+
+def test_hash_is_content_based():
+    a = _model([MemoryLevel(**DRAM), MemoryLevel(**L1)])
+    b = _model([MemoryLevel(**DRAM), MemoryLevel(**L1)])
+    c = _model([MemoryLevel(**DRAM), MemoryLevel(**{**L1, "capacity_bytes": 1 << 14})])
+    assert a.content_hash() == b.content_hash() != c.content_hash()
+    assert len(a.content_hash()) == 16
+    assert "memory_levels" in HardwareModel.model_json_schema()["properties"]
+
+
+def test_builtin_profiles():
+    assert {"host-cpu", "npu-sram-256k", "gpu-h100"} <= set(list_profiles())
+    npu = get_profile("npu-sram-256k")
+    assert npu.memory_levels[-1].capacity_bytes == 256 * 1024 and npu.memory_levels[-1].scratchpad
+    h100 = get_profile("gpu-h100")
+    assert h100.compute.cores == 132 and h100.compute.peak_flops_per_s["bf16"] > 10 * h100.compute.peak_flops_per_s["f32"]
+    with pytest.raises(UnknownHardwareError, match="known: .*host-cpu") as err:
+        get_profile("tpu-v9")
+    assert isinstance(err.value, KeyError)
+
+
+def test_host_detection_reads_sysfs(tmp_path):
+    cache = tmp_path / "cpu0" / "cache"
+    for i, (level, kind, size, shared) in enumerate([(1, "Data", "48K", "0"), (1, "Instruction", "32K", "0"), (2, "Unified", "1024K", "0"), (3, "Unified", "32768K", "0-1")]):
+        d = cache / f"index{i}"
+        d.mkdir(parents=True)
+        (d / "level").write_text(f"{level}\n")
+        (d / "type").write_text(kind + "\n")
+        (d / "size").write_text(size + "\n")
+        (d / "shared_cpu_list").write_text(shared + "\n")
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu sse avx2 avx512f\n")
+    hw = detect_host_cpu(tmp_path / "cpu0", cpuinfo, cores=2)
+    assert [lv.name for lv in hw.memory_levels] == ["DRAM", "L3", "L2", "L1"]
+    assert [lv.capacity_bytes for lv in hw.memory_levels[1:]] == [32 << 20, 1 << 20, 48 << 10]
+    assert hw.level("L3").shared and not hw.level("L1").shared
+    assert hw.compute.vector_width_bytes == 64 and hw.compute.cores == 2
+    assert hw.max_vector_tile_bytes == 32 * 1024
+
+
+def test_real_host_profile_has_this_machines_l1():
+    hw = get_profile("host-cpu")
+    assert hw.level("L1").capacity_bytes == int(open("/sys/devices/system/cpu/cpu0/cache/index0/size").read().strip()[:-1]) * 1024
+
+
+def test_json_profile_overrides_builtin(tmp_path, monkeypatch):
+    monkeypatch.setenv("TILESEARCH_HARDWARE_DIR", str(tmp_path))
+    npu = get_profile("npu-sram-256k")
+    calibrated = npu.model_copy(update={"loop_overhead_s": 1e-6})
+    save_profile(calibrated)
+    assert get_profile("npu-sram-256k").loop_overhead_s == 1e-6
+    (tmp_path / "custom.json").write_text(json.dumps({**npu.model_dump(mode="json"), "name": "custom"}))
+    assert "custom" in list_profiles()
