@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import typer
@@ -12,6 +13,98 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
 )
+
+
+def _ir_failure(exc: Exception) -> typer.Exit:
+    """Print an IR core error (with line:column diagnostics) to stderr; exit code 2."""
+    typer.echo(f"error: {exc}", err=True)
+    return typer.Exit(2)
+
+
+def _run_ir_task(fn, *args, timeout: float = 60.0):
+    """Run an IR task in a sandbox worker: a crash or hang inside MLIR ends the task, not us."""
+    from service.ir.sandbox import Sandbox
+
+    with Sandbox(workers=1) as sandbox:
+        return sandbox.run(fn, *args, timeout=timeout)
+
+
+@app.command("inspect")
+def inspect_cmd(
+    file: Path = typer.Argument(..., exists=True, dir_okay=False, help="MLIR module (text or bytecode)"),
+    as_json: bool = typer.Option(False, "--json", help="print JSON"),
+) -> None:
+    """List the tileable ops of a module (uid, loop ranges, iterators, producers/consumers)."""
+    import json
+
+    from rich.console import Console
+    from rich.table import Table
+
+    from service.ir.errors import IRError
+    from service.ir.tasks import inspect_module
+
+    try:
+        info = _run_ir_task(inspect_module, _read_module(file))
+    except IRError as exc:
+        raise _ir_failure(exc) from None
+    if as_json:
+        typer.echo(json.dumps(info, indent=2))
+        return
+    table = Table(title=f"{file.name}  fingerprint {info['fingerprint'][:16]}")
+    for col in ("uid", "op", "kind", "loop ranges", "iterators", "dtype", "producers", "consumers", "fuse group"):
+        table.add_column(col)
+    for op in info["ops"]:
+        table.add_row(
+            str(op["uid"]),
+            op["name"],
+            op["kind"],
+            "x".join("?" if r is None else str(r) for r in op["loop_ranges"]),
+            " ".join("r" if t == "reduction" else "p" for t in op["iterator_types"]),
+            op["operand_element_types"][-1] if op["operand_element_types"] else "",
+            ", ".join(map(str, op["producers"])),
+            ", ".join(map(str, op["consumers"])),
+            ", ".join(map(str, op["fuse_groups"])),
+        )
+    Console(width=None if sys.stdout.isatty() else 200).print(table)
+
+
+@app.command("apply")
+def apply_cmd(
+    file: Path = typer.Argument(..., exists=True, dir_okay=False, help="MLIR module"),
+    plan: Path = typer.Option(..., "--plan", exists=True, dir_okay=False, help="plan JSON"),
+    script_out: Path | None = typer.Option(None, "--script-out", help="write the transform script here"),
+    origin_json: bool = typer.Option(False, "--origin-json", help="also print the origin map as JSON"),
+) -> None:
+    """Apply a tile-and-fuse plan to a clone of the module and print the tiled module."""
+    import json
+
+    from pydantic import ValidationError
+
+    from service.ir.errors import IRError
+    from service.ir.tasks import apply_plan_to_text
+
+    try:
+        plan_json = json.loads(plan.read_text())
+    except json.JSONDecodeError as exc:
+        typer.echo(f"error: {plan} is not JSON: {exc}", err=True)
+        raise typer.Exit(2) from None
+    try:
+        result = _run_ir_task(apply_plan_to_text, _read_module(file), plan_json)
+    except (IRError, ValidationError) as exc:
+        raise _ir_failure(exc) from None
+    if script_out is not None:
+        script_out.write_text(result["transform_script"])
+    typer.echo(result["tiled_module"])
+    if origin_json:
+        typer.echo(json.dumps(result["origin"], indent=2))
+
+
+def _read_module(path: Path) -> str | bytes:
+    data = path.read_bytes()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return data  # MLIR bytecode
 
 
 @app.command("measure")
@@ -50,6 +143,25 @@ def measure_cmd(
             typer.echo(f"{label:>12}: FAILED {m.error}  [{configs}]")
     if result.speedup_over_default is not None:
         typer.echo(f"     speedup: {result.speedup_over_default:.2f}x over IREE's default")
+
+
+@app.command("calibrate")
+def calibrate_cmd(
+    hardware: str = typer.Option("host-cpu", "--hardware", help="profile to calibrate"),
+    workloads: Path = typer.Option(..., "--workloads", exists=True, file_okay=False, help="dir of .mlir"),
+    out: Path | None = typer.Option(None, "--out", help="profile JSON (default: <hardware dir>/<name>.json)"),
+    plans: int = typer.Option(12, "--plans", min=3, help="plans measured per workload"),
+    as_json: bool = typer.Option(False, "--json", help="print the report as JSON"),
+) -> None:
+    """Measure plans with IREE, fit the cost model's factors, save the calibrated profile."""
+    from service.hardware.profiles import get_profile, hardware_dir
+    from service.measure.calibrate import calibrate, format_report
+
+    base = get_profile(hardware)
+    target = out or hardware_dir() / f"{base.name}.json"
+    progress = (lambda msg: None) if as_json else (lambda msg: typer.echo(f"  {msg}", err=True))
+    _, report = calibrate(base, workloads, plans_per_workload=plans, out=target, progress=progress)
+    typer.echo(report.model_dump_json(indent=2) if as_json else format_report(report))
 
 
 db_app = typer.Typer(help="The decision store's schema (Alembic migrations).", no_args_is_help=True)
@@ -93,6 +205,89 @@ def db_current_cmd(url: str | None = typer.Option(None, "--url", help=_DB_URL_HE
     typer.echo(f"{revision or 'base (empty)'} ({state})")
     if revision not in heads:
         raise typer.Exit(1)
+
+
+hardware_app = typer.Typer(help="Hardware profiles (built-in and calibrated JSON).", no_args_is_help=True)
+app.add_typer(hardware_app, name="hardware")
+
+
+@hardware_app.command("list")
+def hardware_list_cmd() -> None:
+    """Names of the known hardware profiles."""
+    from service.hardware.profiles import get_profile, list_profiles
+
+    for name in list_profiles():
+        hw = get_profile(name)
+        typer.echo(f"{name}\t{hw.content_hash()}\t{hw.description}")
+
+
+@hardware_app.command("show")
+def hardware_show_cmd(
+    name: str = typer.Argument(..., help="profile name"),
+    as_json: bool = typer.Option(False, "--json", help="print JSON"),
+) -> None:
+    """A profile's memory levels, compute and calibration."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from service.hardware.profiles import UnknownHardwareError, get_profile
+
+    try:
+        hw = get_profile(name)
+    except UnknownHardwareError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+    if as_json:
+        typer.echo(hw.model_dump_json(indent=2))
+        return
+    table = Table(title=f"{hw.name}  hash {hw.content_hash()}  cores {hw.compute.cores}  peak {hw.compute.peak_flops_per_s}")
+    for col in ("level", "capacity", "bandwidth GB/s", "shared", "scratchpad"):
+        table.add_column(col)
+    for lv in hw.memory_levels:
+        table.add_row(lv.name, f"{lv.capacity_bytes:,}", f"{lv.bandwidth_bytes_per_s / 1e9:.1f}", str(lv.shared), str(lv.scratchpad))
+    Console(width=None if sys.stdout.isatty() else 200).print(table)
+
+
+@app.command("cost")
+def cost_cmd(
+    file: Path = typer.Argument(..., exists=True, dir_okay=False, help="MLIR module"),
+    plan: Path = typer.Option(..., "--plan", exists=True, dir_okay=False, help="plan JSON"),
+    hardware: str = typer.Option("host-cpu", "--hardware", help="hardware profile name"),
+    as_json: bool = typer.Option(False, "--json", help="print JSON"),
+    shape_hint: list[str] = typer.Option([], "--shape-hint", help="dynamic shapes, e.g. arg0=128x1024"),
+) -> None:
+    """Predicted latency, feasibility, footprint and traffic per memory level of a plan."""
+    import json
+
+    from pydantic import ValidationError
+    from rich.console import Console
+    from rich.table import Table
+
+    from service.hardware.cost import cost_of_plan
+    from service.hardware.profiles import UnknownHardwareError
+    from service.ir.errors import IRError
+
+    hints = dict(h.split("=", 1) for h in shape_hint)
+    try:
+        result = _run_ir_task(cost_of_plan, _read_module(file), json.loads(plan.read_text()), hardware, hints)
+    except (IRError, ValidationError, UnknownHardwareError, json.JSONDecodeError) as exc:
+        raise _ir_failure(exc) from None
+    if as_json:
+        typer.echo(json.dumps(result, indent=2))
+        return
+    verdict = "feasible" if result["feasible"] else "INFEASIBLE"
+    table = Table(title=f"{file.name} on {hardware}: {result['latency_s'] * 1e3:.3f} ms, {verdict}, bound by {result['bound_by']}")
+    for col in ("level", "footprint", "capacity", "traffic", "time ms"):
+        table.add_column(col)
+    for lv in result["levels"]:
+        table.add_row(lv["name"], f"{lv['footprint_bytes']:,}", f"{lv['capacity_bytes']:,}", f"{lv['traffic_bytes']:,}", f"{lv['time_s'] * 1e3:.3f}")
+    console = Console(width=None if sys.stdout.isatty() else 200)
+    console.print(table)
+    console.print(f"flops {result['flops']:.4g}  recompute {result['recompute_flops']:.4g}  nests {len(result['nests'])}")
+    for line in result["reasons"]:
+        console.print(f"[red]reason:[/red] {line}")
+    for line in result["notes"]:
+        console.print(f"note: {line}")
 
 
 if __name__ == "__main__":

@@ -862,3 +862,20 @@ def _recompute_flops(executed: dict[int, float], per_nest: list[dict[int, float]
         return sum(max(0.0, f - base[uid]) for uid, f in executed.items() if uid in base)
     # Without the original: an op computed in several nests is recomputed in all but the largest.
     return sum(f - max(d.get(uid, 0.0) for d in per_nest) for uid, f in executed.items())
+
+
+def cost_of_plan(source: str | bytes, plan_json: dict, hardware_name: str, shape_hints: dict[str, object] | None = None) -> dict:
+    """Parse, apply a plan to a clone, and cost it; JSON in, JSON out (runs in sandbox workers)."""
+    from service.ir.graph import tag_tileable_ops
+    from service.ir.parse import parse_module
+    from service.ir.plan import Plan
+    from service.ir.transform import apply_plan
+
+    from .profiles import get_profile
+
+    hardware = get_profile(hardware_name)
+    plan = Plan.model_validate(plan_json)
+    with context():
+        tagged = tag_tileable_ops(parse_module(source))
+        tiled = apply_plan(tagged, plan).module
+        return estimate_cost(tiled, hardware, shape_hints, original=tagged).model_dump(mode="json")
