@@ -68,7 +68,7 @@ def test_models_match_migrations(migrated_url: str) -> None:
         engine.dispose()
 
 
-def test_check_ready_unreachable(tmp_path: Path) -> None:
+def test_check_ready_unreachable() -> None:
     engine = make_engine(
         "postgresql+psycopg://nobody:x@127.0.0.1:1/none",
         poolclass=NullPool,
