@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 
@@ -31,6 +32,21 @@ class Diagnostic:
 
 class IRError(Exception):
     """Base class: anything the IR core rejects about its input."""
+
+    def __reduce__(self):
+        # Errors cross process boundaries (sandbox workers): rebuild them from their fields.
+        if dataclasses.is_dataclass(self):
+            return (self.__class__, tuple(getattr(self, f.name) for f in dataclasses.fields(self)))
+        return super().__reduce__()
+
+    def to_json(self) -> dict:
+        out = {"error": type(self).__name__, "message": str(self)}
+        diags = getattr(self, "diagnostics", None)
+        if diags:
+            out["diagnostics"] = [d.to_json() for d in diags]
+        if getattr(self, "group", None) is not None:
+            out["group"] = self.group
+        return out
 
 
 @dataclass

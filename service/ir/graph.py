@@ -271,8 +271,10 @@ def _dynamic_source(value: ir.Value, dim: int) -> DynamicDim:
             break
         if UID_ATTR in owner.attributes and "operandSegmentSizes" in owner.attributes:
             # Destination-style op: a result has the shape of its init operand.
-            n_in = _num_inputs(owner)
-            value = owner.operands[n_in + value.result_number]
+            init = _num_inputs(owner) + value.result_number
+            if init >= len(owner.operands):
+                break
+            value = owner.operands[init]
             continue
         if owner.name in PASS_THROUGH_OPS and owner.name in ("tensor.cast",):
             value = owner.operands[0]

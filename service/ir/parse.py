@@ -8,7 +8,7 @@ from .mlir import context, ir
 BYTECODE_MAGIC = b"ML\xefR"
 
 
-def _location(loc: ir.Location) -> tuple[int | None, int | None]:
+def location_of(loc: ir.Location) -> tuple[int | None, int | None]:
     """Line and column of a diagnostic: the first file location found inside `loc`."""
     try:
         flc = ir.FileLineColLoc(loc)
@@ -17,7 +17,7 @@ def _location(loc: ir.Location) -> tuple[int | None, int | None]:
         pass
     for wrapper, inner in ((ir.CallSiteLoc, "caller"), (ir.NameLoc, "child_loc")):
         try:
-            return _location(getattr(wrapper(loc), inner))
+            return location_of(getattr(wrapper(loc), inner))
         except (TypeError, ValueError, AttributeError):
             continue
     return None, None
@@ -27,7 +27,7 @@ def diagnostics_of(err: ir.MLIRError) -> list[Diagnostic]:
     """Typed diagnostics from an MLIRError (several when MLIR reports several)."""
     out: list[Diagnostic] = []
     for diag in err.error_diagnostics:
-        line, col = _location(diag.location)
+        line, col = location_of(diag.location)
         out.append(
             Diagnostic(
                 message=str(diag.message),

@@ -13,13 +13,15 @@ each copy sits in. The script is plain MLIR: `iree-opt --transform-interpreter` 
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from .errors import PlanError
 from .graph import UID_ATTR, OpGraph, build_graph, tag_tileable_ops, uid_of, _walk_ops
 from .mlir import context, ir, transform_interpreter
 from .origin import LOOP_ATTR, OriginMap, origin_map
-from .parse import diagnostics_of
+from .errors import Diagnostic
+from .parse import diagnostics_of, location_of
 from .plan import Group, Plan
 
 @dataclass
@@ -44,6 +46,8 @@ class Applied:
     script: str
     layouts: list[GroupLayout] = field(default_factory=list)
 
+
+_GROUP_LOC_PREFIX = "tilesearch group "
 
 # --------------------------------------------------------------------------- plan checks
 
@@ -206,7 +210,6 @@ def check_plan(graph: OpGraph, plan: Plan) -> list[GroupLayout]:
 class _ScriptWriter:
     def __init__(self) -> None:
         self.lines: list[str] = []
-        self.group_of_line: dict[int, int] = {}
         self._n = 0
         self.group = -1
 
@@ -215,9 +218,10 @@ class _ScriptWriter:
         return f"%{stem}{self._n}"
 
     def emit(self, line: str) -> None:
+        # Every op carries loc("tilesearch group N"): a failure names its group exactly.
+        if not line.endswith("{"):
+            line = f'{line} loc("{_GROUP_LOC_PREFIX}{self.group}")'
         self.lines.append("    " + line)
-        # +4: the header lines above the sequence body
-        self.group_of_line[len(self.lines) + 3] = self.group
 
     def match_uid(self, uid: int, scope: str) -> str:
         h = self.fresh("op")
@@ -263,7 +267,7 @@ class _ScriptWriter:
         # Rewrites extract_slice(expand_shape(x)) into expand_shape(extract_slice(x)) so the
         # producer of x becomes fusible: fusion across the reshape (the TilingInterface-split seed).
         self.emit(f"transform.apply_patterns to {funcs} {{")
-        self.emit("  transform.apply_patterns.tensor.bubble_up_extract_slice")
+        self.lines.append("      transform.apply_patterns.tensor.bubble_up_extract_slice")
         self.emit("} : !transform.any_op")
 
     def text(self) -> str:
@@ -280,7 +284,6 @@ def _emit_group(w: _ScriptWriter, graph: OpGraph, lay: GroupLayout, funcs: str) 
     anchor = graph.op(g.anchor)
     w.group = lay.index
     w.lines.append(f"    // group {lay.index}: anchor {g.anchor} ({anchor.name}), sink {lay.sink}, fuse {g.fuse}")
-    w.group_of_line[len(w.lines) + 3] = lay.index
     scope = "%root"
     target = lay.sink
     fusable = [u for u in reversed(lay.members) if u != target]
@@ -345,8 +348,8 @@ def _fuse_members(w: _ScriptWriter, uids: list[int], scope: str, loop: str, lay:
     return loop
 
 
-def transform_script(graph: OpGraph, plan: Plan) -> tuple[str, list[GroupLayout], dict[int, int]]:
-    """The transform script realising `plan`, its group layouts and script line -> group."""
+def transform_script(graph: OpGraph, plan: Plan) -> tuple[str, list[GroupLayout]]:
+    """The transform script realising `plan`, and its group layouts."""
     layouts = check_plan(graph, plan)
     w = _ScriptWriter()
     funcs = w.fresh("funcs")
@@ -356,7 +359,7 @@ def transform_script(graph: OpGraph, plan: Plan) -> tuple[str, list[GroupLayout]
     w.group = -1
     w.emit(f"transform.apply_dce to {funcs} : !transform.any_op")
     w.emit(f"transform.apply_cse to {funcs} : !transform.any_op")
-    return w.text(), layouts, w.group_of_line
+    return w.text(), layouts
 
 
 # --------------------------------------------------------------------------- apply
@@ -366,16 +369,95 @@ def is_tagged(module: ir.Module | ir.OpView) -> bool:
     return any(uid_of(op) is not None for op in _walk_ops(module.operation))
 
 
+class ScriptFailed(Exception):
+    def __init__(self, diagnostics: list[Diagnostic], groups: list[int]) -> None:
+        super().__init__("; ".join(d.message for d in diagnostics))
+        self.diagnostics = diagnostics
+        self.groups = groups
+
+
+_REPORT_LINE = re.compile(
+    r'^(?:Diagnostic message )?at loc\("(?P<file>[^"]*)"(?::(?P<line>\d+):(?P<col>\d+))?\): ?(?P<msg>.*)$'
+)
+
+
+def _diagnostics_from_report(report: str) -> list[tuple[Diagnostic, int | None]]:
+    """(diagnostic, plan group) pairs from the interpreter's failure report.
+
+    Lines located in the script carry loc("tilesearch group N"); the others point into the
+    payload module, i.e. the user's text (line:column).
+    """
+    out: list[tuple[Diagnostic, int | None]] = []
+    for raw in report.replace("at loc(", "\nat loc(").splitlines():
+        m = _REPORT_LINE.match(raw.strip())
+        if not m or m["msg"].startswith("see current operation") or not m["msg"]:
+            continue
+        if m["file"].startswith(_GROUP_LOC_PREFIX):
+            out.append((Diagnostic(message=m["msg"], severity="note"), int(m["file"].removeprefix(_GROUP_LOC_PREFIX))))
+        else:
+            line, col = (int(m["line"]), int(m["col"])) if m["line"] else (None, None)
+            out.append((Diagnostic(message=m["msg"], line=line, column=col), None))
+    return out
+
+
+def _group_of(loc: ir.Location) -> int | None:
+    try:
+        name = ir.NameLoc(loc).name_str
+    except (TypeError, ValueError):
+        return None
+    if name.startswith(_GROUP_LOC_PREFIX):
+        return int(name.removeprefix(_GROUP_LOC_PREFIX))
+    return None
+
+
 def run_script(module: ir.Module | ir.OpView, script: str) -> None:
-    """Apply a transform script to `module` in place (callers pass a clone)."""
-    with context():
+    """Apply a transform script to `module` in place (callers pass a clone).
+
+    Raises ScriptFailed with MLIR's diagnostics (payload locations as line/column) and the
+    plan groups whose script ops failed.
+    """
+    with context() as ctx:
         parsed = ir.Module.parse(script)
         entry = next(
             op for op in parsed.body.operations
             if "sym_name" in op.operation.attributes
             and ir.StringAttr(op.operation.attributes["sym_name"]).value == "__transform_main"
         )
-        transform_interpreter.apply_named_sequence(module.operation, entry, parsed)
+        diagnostics: list[Diagnostic] = []
+        groups: list[int] = []
+
+        def collect(diag: ir.DiagnosticInfo) -> bool:
+            group = _group_of(diag.location)
+            if group is not None and group >= 0:
+                groups.append(group)
+            line, col = (None, None) if group is not None else location_of(diag.location)
+            diagnostics.append(
+                Diagnostic(
+                    message=str(diag.message),
+                    line=line,
+                    column=col,
+                    severity=str(diag.severity).rsplit(".", 1)[-1].lower(),
+                    notes=tuple(str(n.message) for n in diag.notes),
+                )
+            )
+            return True  # handled: keep MLIR from printing to stderr
+
+        handler = ctx.attach_diagnostic_handler(collect)
+        try:
+            transform_interpreter.apply_named_sequence(module.operation, entry, parsed)
+        except ir.MLIRError as exc:
+            diagnostics.extend(diagnostics_of(exc))
+            raise ScriptFailed(diagnostics, groups) from None
+        except ValueError as exc:
+            # This binding reports the interpreter's diagnostics only inside the exception text.
+            reported = _diagnostics_from_report(str(exc))
+            diagnostics.extend(d for d, _ in reported)
+            groups.extend(g for _, g in reported if g is not None)
+            if not diagnostics:
+                diagnostics.append(Diagnostic(message=str(exc).splitlines()[0]))
+            raise ScriptFailed(diagnostics, groups) from None
+        finally:
+            handler.detach()
 
 
 def apply_plan(module: ir.Module | ir.OpView, plan: Plan, graph: OpGraph | None = None) -> Applied:
@@ -387,15 +469,15 @@ def apply_plan(module: ir.Module | ir.OpView, plan: Plan, graph: OpGraph | None 
     with context():
         tagged = module if is_tagged(module) else tag_tileable_ops(module)
         graph = graph or build_graph(tagged)
-        script, layouts, group_of_line = transform_script(graph, plan)
+        script, layouts = transform_script(graph, plan)
         clone = tagged.operation.clone()
         try:
             run_script(clone, script)
-        except ir.MLIRError as err:
-            diags = diagnostics_of(err)
-            group = next((group_of_line.get(d.line) for d in diags if d.line in group_of_line), None)
+        except ScriptFailed as failed:
             clone.operation.erase()
-            raise PlanError("MLIR could not apply the plan", group if group != -1 else None, diags) from None
+            errors = [d for d in failed.diagnostics if d.severity == "error"] or failed.diagnostics
+            reason = "MLIR could not apply the plan: " + "; ".join(dict.fromkeys(d.message for d in errors))
+            raise PlanError(reason, failed.groups[0] if failed.groups else None, failed.diagnostics) from None
         try:
             clone.operation.verify()
         except ir.MLIRError as err:
