@@ -1,0 +1,100 @@
+"""Calibration: plan sampling inside IREE's limits, and a fit that improves a held-out workload.
+
+The fit is tested against a synthetic ground truth (the cost model under known, non-nominal
+factors, with 5% noise), so the test is fast and deterministic; the real-measurement path is the
+harness (tests/test_measure.py) plus `tilesearch calibrate`.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from pathlib import Path
+
+import pytest
+
+from service.hardware.model import Calibration
+from service.hardware.profiles import detect_host_cpu
+from service.measure.calibrate import (
+    MAX_VECTOR_ELEMENTS,
+    Predictor,
+    Sample,
+    fit_calibration,
+    iree_config_of,
+    load_contraction_workloads,
+    sample_plans,
+    score,
+    vector_tile_elements,
+    with_calibration,
+)
+
+WORKLOADS = Path("/work/shared/workloads")
+
+
+@pytest.fixture(scope="module")
+def workloads():
+    found, skipped = load_contraction_workloads(WORKLOADS)
+    return {w.name: w for w in found}, skipped
+
+
+def test_only_measurable_contractions_are_loaded(workloads):
+    found, skipped = workloads
+    assert {"matmul_1024", "mlp_chain", "attention_scores"} <= set(found)
+    assert "convolution" in skipped["conv_relu"]
+    assert "dynamic" in skipped["dynamic_matmul"]
+    # IREE fuses fill, broadcast and the elementwise tail into the matmul's dispatch: so does the plan.
+    assert found["mlp_chain"].fuse == [0, 2, 3, 4]
+
+
+def test_sampled_plans_are_distinct_inside_iree_limits_and_include_the_default(workloads):
+    w = workloads[0]["matmul_1024"]
+    plans = sample_plans(w, 20)
+    configs = [iree_config_of(w, p) for p in plans]
+    keys = {(tuple(c.distribution), tuple(c.vector_common_parallel), tuple(c.vector_reduction)) for c in configs}
+    assert len(plans) == 20 and len(keys) == 20
+    assert all(vector_tile_elements(c) <= MAX_VECTOR_ELEMENTS for c in configs)
+    assert ((64, 64, 0), (8, 16, 0), (0, 0, 16)) in keys  # IREE's own default config
+    sizes = sorted(vector_tile_elements(c) for c in configs)
+    assert sizes[0] < 64 and sizes[-1] >= 2048  # spans bad and good
+
+
+def test_fit_improves_a_held_out_workload(workloads):
+    found, _ = workloads
+    names = ["matmul_1024", "mlp_chain", "attention_scores"]
+    chosen = [found[n] for n in names]
+    predictor = Predictor(chosen)
+    nominal = with_calibration(detect_host_cpu(), Calibration())
+    levels = [lv.name for lv in nominal.memory_levels]
+    truth = with_calibration(
+        nominal,
+        Calibration(compute_efficiency=0.35, loop_overhead_scale=4.0,
+                    bandwidth_efficiency={levels[0]: 0.4, levels[-1]: 0.5}),
+    )
+    rng = random.Random(0)
+    samples = [
+        Sample(workload=w.name, plan=p,
+               measured_s=predictor.latency_s(w.name, p, truth) * math.exp(rng.gauss(0, 0.05)))
+        for w in chosen
+        for p in sample_plans(w, 6)
+    ]
+    train = [s for s in samples if s.workload != "attention_scores"]
+    held_out = [s for s in samples if s.workload == "attention_scores"]
+
+    fitted = with_calibration(nominal, fit_calibration(train, predictor, nominal, max_evals=400))
+
+    before, after = score(held_out, predictor, nominal), score(held_out, predictor, fitted)
+    assert after.rmse_log < 0.5 * before.rmse_log, (before, after)
+    assert score(train, predictor, fitted).rmse_log < score(train, predictor, nominal).rmse_log
+    assert fitted.calibration.fitted_on == ["matmul_1024", "mlp_chain"]
+
+
+def test_fast_rescaled_prediction_equals_the_full_estimate(workloads):
+    w = workloads[0]["mlp_chain"]
+    predictor = Predictor([w])
+    nominal = with_calibration(detect_host_cpu(), Calibration())
+    cal = Calibration(compute_efficiency=0.6, loop_overhead_scale=1.7,
+                      bandwidth_efficiency={lv.name: 0.8 for lv in nominal.memory_levels})
+    hw = with_calibration(nominal, cal)
+    for plan in sample_plans(w, 4):
+        fast, exact = predictor.latency_s(w.name, plan, hw), predictor.exact_latency_s(w.name, plan, hw)
+        assert fast == pytest.approx(exact, rel=1e-9)
