@@ -14,7 +14,7 @@ from datetime import UTC, datetime, timedelta
 from typing import TypeVar
 
 import pytest
-from sqlalchemy import func, select
+from sqlalchemy import func, select, text
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import NullPool
@@ -129,6 +129,8 @@ def test_claim_complete_hit_round_trip(sessions: sessionmaker[Session]) -> None:
                       "compilation_info", "origin_map", "search_stats", "timings"):
             assert getattr(stored, field) == getattr(RESULT, field), field
         assert stored.lease_owner is None and stored.lease_expires_at is None
+        assert stored.status is DecisionStatus.DONE
+        assert session.scalar(text("SELECT status FROM decisions")) == "done"  # the CHECK's value
         assert stored.module_fingerprint == "fp-a" and stored.provider_version.startswith("iree")
         assert stored.created_at.tzinfo is not None and stored.updated_at >= stored.created_at
         assert repo.get_decision_by_key(session, stored.key) is not None

@@ -4,6 +4,7 @@ readiness checks. The scripts live in ``migrations/`` at the repository root.
 
 from __future__ import annotations
 
+from functools import lru_cache
 from pathlib import Path
 
 from alembic import command
@@ -39,7 +40,9 @@ def downgrade(url: str | URL | None, rev: str) -> None:
     command.downgrade(alembic_config(url), rev)
 
 
+@lru_cache(maxsize=1)
 def head_revisions() -> frozenset[str]:
+    """The latest revision(s) in ``migrations/`` (read once: readiness checks call this often)."""
     return frozenset(ScriptDirectory.from_config(alembic_config()).get_heads())
 
 

@@ -17,6 +17,7 @@ from sqlalchemy import (
     CheckConstraint,
     DateTime,
     Dialect,
+    Enum,
     Float,
     ForeignKey,
     Index,
@@ -132,7 +133,16 @@ class Decision(Base):
     shape_bucket: Mapped[str] = mapped_column(String(200))
     provider_version: Mapped[str] = mapped_column(String(100))
 
-    status: Mapped[str] = mapped_column(String(16), default=DecisionStatus.PENDING.value)
+    status: Mapped[DecisionStatus] = mapped_column(
+        Enum(
+            DecisionStatus,
+            native_enum=False,
+            create_constraint=False,  # the named CHECK above; portable and migration-stable
+            length=16,
+            values_callable=lambda members: [member.value for member in members],
+        ),
+        default=DecisionStatus.PENDING,
+    )
     plan: Mapped[Any | None] = mapped_column(JSONType, default=None)
     predicted_cost: Mapped[dict[str, Any] | None] = mapped_column(JSONType, default=None)
     baseline: Mapped[dict[str, Any] | None] = mapped_column(JSONType, default=None)

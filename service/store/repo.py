@@ -33,9 +33,9 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import Insert, Select, and_, func, or_, select, update
+from sqlalchemy import Table, and_, func, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -140,7 +140,7 @@ class Claim:
 # Helpers
 
 
-def _insert(session: Session, table: Any) -> Insert:
+def _insert(session: Session, table: Table) -> postgresql.Insert | sqlite.Insert:
     """A dialect INSERT that supports ON CONFLICT (both PostgreSQL and SQLite >= 3.24 do)."""
     dialect = session.get_bind().dialect.name
     if dialect == "postgresql":
@@ -171,9 +171,13 @@ def _decode_cursor(cursor: str) -> int:
         raise InvalidCursor(f"invalid cursor {cursor!r}") from exc
 
 
-def _fresh(statement: Select[Any]) -> Select[Any]:
-    # Re-read rows even when the session already holds them: other processes change decisions.
-    return statement.execution_options(populate_existing=True)
+# Re-read rows even when the session already holds them: other processes change decisions.
+_FRESH = {"populate_existing": True}
+
+# Core table handles, for the single-statement upserts and compare-and-set updates.
+_DECISIONS = cast(Table, Decision.__table__)
+_TRIALS = cast(Table, Trial.__table__)
+_GROUP_RECORDS = cast(Table, GroupRecord.__table__)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -185,7 +189,7 @@ def upsert_module(
 ) -> Module:
     """Store a module by fingerprint; the first stored text wins (same structure anyway)."""
     statement = (
-        _insert(session, Module.__table__)
+        _insert(session, cast(Table, Module.__table__))
         .values(fingerprint=fingerprint, text=text, op_summary=op_summary or {})
         .on_conflict_do_nothing(index_elements=["fingerprint"])
     )
@@ -202,12 +206,12 @@ def upsert_hardware(
 ) -> HardwareModel:
     """Store a hardware model by content hash (same hash = same model)."""
     statement = (
-        _insert(session, HardwareModel.__table__)
+        _insert(session, cast(Table, HardwareModel.__table__))
         .values(hash=hardware_hash, name=name, spec=spec)
         .on_conflict_do_nothing(index_elements=["hash"])
     )
     session.execute(statement)
-    return get_hardware(session, hardware_hash)  # type: ignore[return-value]  # just stored
+    return session.scalars(select(HardwareModel).where(HardwareModel.hash == hardware_hash)).one()
 
 
 def get_hardware(session: Session, hardware_hash: str) -> HardwareModel | None:
@@ -240,11 +244,11 @@ def list_hardware(session: Session) -> list[HardwareModel]:
 
 
 def get_decision(session: Session, decision_id: int) -> Decision | None:
-    return session.scalars(_fresh(select(Decision).where(Decision.id == decision_id))).one_or_none()
+    return session.scalars(select(Decision).where(Decision.id == decision_id), execution_options=_FRESH).one_or_none()
 
 
 def get_decision_by_key(session: Session, key: str) -> Decision | None:
-    return session.scalars(_fresh(select(Decision).where(Decision.key == key))).one_or_none()
+    return session.scalars(select(Decision).where(Decision.key == key), execution_options=_FRESH).one_or_none()
 
 
 def list_decisions(
@@ -268,10 +272,10 @@ def list_decisions(
     if hardware_hash is not None:
         statement = statement.where(Decision.hardware_hash == hardware_hash)
     if status is not None:
-        statement = statement.where(Decision.status == DecisionStatus(status).value)
+        statement = statement.where(Decision.status == DecisionStatus(status))
     if cursor is not None:
         statement = statement.where(Decision.id < _decode_cursor(cursor))
-    rows = list(session.scalars(_fresh(statement)))
+    rows = list(session.scalars(statement, execution_options=_FRESH))
     if len(rows) > size:
         return rows[:size], _encode_cursor(rows[size - 1].id)
     return rows, None
@@ -310,43 +314,43 @@ def claim_decision(
 
     if existing is None:
         inserted = session.execute(
-            _insert(session, Decision.__table__)
+            _insert(session, _DECISIONS)
             .values(
                 key=key,
                 **parts.as_dict(),
-                status=DecisionStatus.PENDING.value,
+                status=DecisionStatus.PENDING,
                 lease_owner=owner,
                 lease_expires_at=lease_expires_at,
                 created_at=now,
                 updated_at=now,
             )
             .on_conflict_do_nothing(index_elements=["key"])
-            .returning(Decision.__table__.c.id)
+            .returning(_DECISIONS.c.id)
         ).scalar_one_or_none()
         session.commit()
         if inserted is not None:
             return Claim(ClaimOutcome.OWNED, _decision_by_id(session, inserted))
 
     taken = session.execute(
-        update(Decision.__table__)
+        update(_DECISIONS)
         .where(
             Decision.key == key,
             or_(
-                Decision.status == DecisionStatus.FAILED.value,
+                Decision.status == DecisionStatus.FAILED,
                 and_(
-                    Decision.status == DecisionStatus.PENDING.value,
+                    Decision.status == DecisionStatus.PENDING,
                     or_(Decision.lease_expires_at.is_(None), Decision.lease_expires_at <= now),
                 ),
             ),
         )
         .values(
-            status=DecisionStatus.PENDING.value,
+            status=DecisionStatus.PENDING,
             lease_owner=owner,
             lease_expires_at=lease_expires_at,
             error=None,
             updated_at=now,
         )
-        .returning(Decision.__table__.c.id)
+        .returning(_DECISIONS.c.id)
     ).scalar_one_or_none()
     session.commit()
     row = _decision_by_key(session, key)
@@ -368,10 +372,10 @@ def renew_lease(
     """Extend the owner's lease during a long search. Commits. False: the lease was lost."""
     now = now or utcnow()
     renewed = session.execute(
-        update(Decision.__table__)
+        update(_DECISIONS)
         .where(*_held_by(decision_id, owner))
         .values(lease_expires_at=now + timedelta(seconds=lease_s), updated_at=now)
-        .returning(Decision.__table__.c.id)
+        .returning(_DECISIONS.c.id)
     ).scalar_one_or_none()
     session.commit()
     return renewed is not None
@@ -392,10 +396,10 @@ def complete_decision(
     """
     now = now or utcnow()
     completed = session.execute(
-        update(Decision.__table__)
+        update(_DECISIONS)
         .where(*_held_by(decision_id, owner))
         .values(
-            status=DecisionStatus.DONE.value,
+            status=DecisionStatus.DONE,
             plan=result.plan,
             predicted_cost=result.predicted_cost,
             baseline=result.baseline,
@@ -410,7 +414,7 @@ def complete_decision(
             lease_expires_at=None,
             updated_at=now,
         )
-        .returning(Decision.__table__.c.id)
+        .returning(_DECISIONS.c.id)
     ).scalar_one_or_none()
     session.commit()
     return None if completed is None else _decision_by_id(session, completed)
@@ -429,17 +433,17 @@ def fail_decision(
     takes it over and retries. None: the lease was lost (see ``complete_decision``)."""
     now = now or utcnow()
     failed = session.execute(
-        update(Decision.__table__)
+        update(_DECISIONS)
         .where(*_held_by(decision_id, owner))
         .values(
-            status=DecisionStatus.FAILED.value,
+            status=DecisionStatus.FAILED,
             error=error,
             timings=timings,
             lease_owner=None,
             lease_expires_at=None,
             updated_at=now,
         )
-        .returning(Decision.__table__.c.id)
+        .returning(_DECISIONS.c.id)
     ).scalar_one_or_none()
     session.commit()
     return None if failed is None else _decision_by_id(session, failed)
@@ -479,17 +483,17 @@ def wait_for_decision(
 def _held_by(decision_id: int, owner: str) -> tuple[Any, ...]:
     return (
         Decision.id == decision_id,
-        Decision.status == DecisionStatus.PENDING.value,
+        Decision.status == DecisionStatus.PENDING,
         Decision.lease_owner == owner,
     )
 
 
 def _decision_by_id(session: Session, decision_id: int) -> Decision:
-    return session.scalars(_fresh(select(Decision).where(Decision.id == decision_id))).one()
+    return session.scalars(select(Decision).where(Decision.id == decision_id), execution_options=_FRESH).one()
 
 
 def _decision_by_key(session: Session, key: str) -> Decision:
-    return session.scalars(_fresh(select(Decision).where(Decision.key == key))).one()
+    return session.scalars(select(Decision).where(Decision.key == key), execution_options=_FRESH).one()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -500,7 +504,7 @@ def save_trials(session: Session, decision_id: int, trials: Sequence[TrialRecord
     """Store trials by (decision, number); a re-run's trial replaces the old one of its number."""
     if not trials:
         return 0
-    table = Trial.__table__
+    table = _TRIALS
     statement = _insert(session, table)
     statement = statement.on_conflict_do_update(
         index_elements=["decision_id", "number"],
@@ -569,9 +573,9 @@ def record_group_best(
     """
     if not math.isfinite(latency_s) or latency_s < 0:
         raise ValueError(f"latency_s must be finite and >= 0, got {latency_s}")
-    table = GroupRecord.__table__
+    table = _GROUP_RECORDS
     now = utcnow()
-    statement = _insert(session, table).values(
+    insert = _insert(session, table).values(
         signature=signature,
         hardware_hash=hardware_hash,
         plan=plan,
@@ -580,17 +584,18 @@ def record_group_best(
         created_at=now,
         updated_at=now,
     )
-    statement = statement.on_conflict_do_update(
+    # Only a strictly lower latency replaces the stored plan.
+    upsert = insert.on_conflict_do_update(
         index_elements=["signature", "hardware_hash"],
         set_={
-            "plan": statement.excluded.plan,
-            "latency_s": statement.excluded.latency_s,
-            "decision_id": statement.excluded.decision_id,
-            "updated_at": statement.excluded.updated_at,
+            "plan": insert.excluded.plan,
+            "latency_s": insert.excluded.latency_s,
+            "decision_id": insert.excluded.decision_id,
+            "updated_at": insert.excluded.updated_at,
         },
-        where=table.c.latency_s > statement.excluded.latency_s,
+        where=table.c.latency_s > insert.excluded.latency_s,
     ).returning(table.c.id)
-    return session.execute(statement).scalar_one_or_none() is not None
+    return session.execute(upsert).scalar_one_or_none() is not None
 
 
 def best_group_plans(
@@ -604,7 +609,7 @@ def best_group_plans(
         statement = select(GroupRecord).where(
             GroupRecord.hardware_hash == hardware_hash, GroupRecord.signature.in_(chunk)
         )
-        for record in session.scalars(_fresh(statement)):
+        for record in session.scalars(statement, execution_options=_FRESH):
             found[record.signature] = record
     return found
 
