@@ -270,6 +270,33 @@ def test_single_flight_end_to_end_one_search(sessions: sessionmaker[Session]) ->
     assert count_rows(sessions, Decision) == 1
 
 
+def test_claim_or_wait_serves_everyone_the_same_decision(sessions: sessionmaker[Session]) -> None:
+    searches: list[int] = []
+
+    def resolve(index: int) -> int:
+        owner = f"worker-{index}"
+        claim = repo.claim_or_wait(sessions, parts(), owner, lease_s=60, timeout_s=20)
+        if claim.owned:
+            searches.append(index)
+            time.sleep(0.2)
+            with sessions() as session:
+                done = repo.complete_decision(session, claim.decision.id, owner, RESULT)
+            assert done is not None
+            return done.id
+        assert claim.outcome is ClaimOutcome.HIT
+        return claim.decision.id
+
+    assert len(set(run_concurrently(THREADS, resolve))) == 1
+    assert len(searches) == 1
+
+    # Nobody finishes: a waiter gives up after its timeout and says BUSY.
+    with sessions() as session:
+        repo.claim_decision(session, parts("fp-slow"), owner="slow", lease_s=60)
+    started = time.monotonic()
+    claim = repo.claim_or_wait(sessions, parts("fp-slow"), "impatient", lease_s=60, timeout_s=0.2)
+    assert claim.outcome is ClaimOutcome.BUSY and time.monotonic() - started < 5
+
+
 def _claim_in_process(url: str, owner: str, start_at: float, out: multiprocessing.Queue) -> None:
     engine = make_engine(url, poolclass=NullPool)
     try:

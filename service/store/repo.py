@@ -18,6 +18,8 @@ the key::
     else:                      # BUSY: someone else runs it
         row = wait_for_decision(sessions, claim.decision.key, timeout_s)
         # done: serve it; failed, lease expired or timed out: claim again
+
+``claim_or_wait(sessions, parts, owner, lease_s, timeout_s)`` is that claim-wait-claim loop.
 """
 
 from __future__ import annotations
@@ -478,6 +480,28 @@ def wait_for_decision(
             return row
         time.sleep(min(delay, remaining))
         delay = min(delay * 2, max_poll_s)
+
+
+def claim_or_wait(
+    sessions: sessionmaker[Session],
+    parts: DecisionKeyParts,
+    owner: str,
+    lease_s: float,
+    timeout_s: float,
+) -> Claim:
+    """``claim_decision``, waiting out other owners: the usual entry point for a request.
+
+    Returns a HIT, an owned claim (OWNED or TAKEN_OVER: run the search and complete or fail
+    it), or BUSY if another owner still holds a live lease after ``timeout_s``.
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        with sessions() as session:
+            claim = claim_decision(session, parts, owner, lease_s)
+        remaining = deadline - time.monotonic()
+        if claim.outcome is not ClaimOutcome.BUSY or remaining <= 0:
+            return claim
+        wait_for_decision(sessions, claim.decision.key, remaining)
 
 
 def _held_by(decision_id: int, owner: str) -> tuple[Any, ...]:
