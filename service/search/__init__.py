@@ -1,0 +1,1 @@
+"""Tile-and-fuse search: candidate space, strategies, engine (`tune`)."""

@@ -1,0 +1,541 @@
+"""The search engine: strategies propose, the IR core applies plans to clones, the cost model scores.
+
+Groups are searched in turn (coordinate descent): while one group's knobs are searched, every
+other group is held at its best so far, so each evaluation is a whole-module cost and all
+evaluations are comparable. Evaluations run in worker processes (MLIR holds the GIL), in
+batches; each worker parses the module once and reuses it (cache keyed by the text's hash).
+Results are told to the strategy in the order it suggested, so a seed fixes the outcome.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections import OrderedDict
+from typing import Any, Callable
+
+from pydantic import BaseModel, Field
+
+from service.hardware.model import HardwareModel
+from service.ir.analysis import analyze
+from service.ir.errors import PlanError
+from service.ir.plan import Plan
+
+from .candidate import Candidate, Evaluation
+from .space import DEFAULT_DYNAMIC_EXTENT, SPACE_VERSION, GroupSpec, SearchSpace, build_space, complete_plan
+from .strategies import STRATEGIES, SuperTilingStrategy, make_strategy, supertiling_plan
+
+ProgressFn = Callable[[int, int, float | None], None]  # (evaluations, budget, best latency)
+_TASK_TIMEOUT_S = 60.0
+_PLANS_PER_TASK = 4
+
+
+# --------------------------------------------------------------------------- worker side
+
+_analyses: OrderedDict[str, Any] = OrderedDict()
+_hardware: dict[str, HardwareModel] = {}
+
+
+def _analysis(source: str):
+    key = hashlib.sha256(source.encode()).hexdigest()
+    if key not in _analyses:
+        _analyses[key] = analyze(source)
+        if len(_analyses) > 8:
+            _analyses.popitem(last=False)
+    _analyses.move_to_end(key)
+    return _analyses[key]
+
+
+def _hardware_of(hardware_json: str) -> HardwareModel:
+    if hardware_json not in _hardware:
+        _hardware[hardware_json] = HardwareModel.model_validate_json(hardware_json)
+    return _hardware[hardware_json]
+
+
+def peak_footprint(cost) -> int:
+    levels = cost.levels[1:] or cost.levels
+    return max((lv.footprint_bytes for lv in levels), default=0)
+
+
+def evaluate_plans(source: str, hardware_json: str, shape_hints: dict, plans: list[dict]) -> list[dict]:
+    """Apply each plan to a clone and score it. Runs in a worker; text and JSON in and out."""
+    from service.hardware.cost import estimate_cost
+    from service.ir.mlir import context
+    from service.ir.transform import apply_plan
+
+    a = _analysis(source)
+    hw = _hardware_of(hardware_json)
+    out = []
+    for plan_json in plans:
+        t0 = time.perf_counter()
+        plan = Plan.model_validate(plan_json)
+        try:
+            if plan.groups:
+                applied = apply_plan(a.tagged, plan, a.graph)
+                tiled = applied.module
+            else:
+                applied, tiled = None, a.tagged
+            cost = estimate_cost(tiled, hw, shape_hints or None, original=a.tagged)
+            if applied is not None:
+                with context():
+                    applied.module.operation.erase()
+        except PlanError as err:
+            out.append({"stage": "rejected", "reason": str(err), "seconds": time.perf_counter() - t0})
+            continue
+        out.append({
+            "stage": "cost",
+            "feasible": cost.feasible,
+            "latency_s": cost.latency_s,
+            "bound_by": cost.bound_by,
+            "peak_footprint_bytes": peak_footprint(cost),
+            "reason": "; ".join(cost.reasons) or None,
+            "cost": cost.model_dump(mode="json"),
+            "seconds": time.perf_counter() - t0,
+        })
+    return out
+
+
+def _warm_up(source: str, hardware_json: str) -> bool:
+    _analysis(source)
+    _hardware_of(hardware_json)
+    return True
+
+
+# --------------------------------------------------------------------------- results
+
+
+class BucketResult(BaseModel):
+    name: str
+    value: int
+    range: list[int | None] = Field(description="[low exclusive, high inclusive]; None = unbounded")
+    shape_hints: dict[str, list[int]]
+    plan: dict
+    predicted: dict
+    baseline: dict | None
+
+
+class TuneResult(BaseModel):
+    plan: dict = Field(description="best plan JSON ({'groups': []} = leave the module untiled)")
+    plan_hash: str
+    predicted: dict = Field(description="the best plan's cost (Cost.model_dump()): latency_s, feasible, bound_by, ...")
+    feasible: bool
+    baseline: dict | None = Field(description="seed 000 super tiling: plan and its cost")
+    untiled: dict | None = None
+    strategy: str
+    seed: int
+    budget: int
+    seconds_limit: float | None
+    evaluations: int = Field(description="distinct plans applied and costed")
+    evaluations_per_s: float
+    elapsed_s: float
+    complete: bool = Field(description="False when the time budget cut the search short")
+    space_size: int
+    space_version: str = SPACE_VERSION
+    groups: list[dict] = Field(default_factory=list, description="tile groups: anchor, members, stops with reasons, notes")
+    trials: list[Evaluation] = Field(default_factory=list)
+    warnings: list[str] = Field(default_factory=list)
+    shape_hints: dict[str, list[int]] = Field(default_factory=dict)
+    buckets: list[BucketResult] | None = None
+    dispatch: list[dict] | None = Field(default=None, description="which bucket plan serves which range of the bucketed dim")
+
+    def summary(self) -> dict:
+        """The CLI's --json shape."""
+        return {
+            "plan": self.plan,
+            "predicted": {"latency_s": self.predicted.get("latency_s"), "feasible": self.feasible, "bound_by": self.predicted.get("bound_by")},
+            "baseline": {"latency_s": (self.baseline or {}).get("latency_s"), "feasible": (self.baseline or {}).get("feasible")},
+            "evaluations": self.evaluations,
+            "evaluations_per_s": self.evaluations_per_s,
+            "complete": self.complete,
+            "warnings": self.warnings,
+            **({"dispatch": self.dispatch} if self.dispatch else {}),
+        }
+
+
+# --------------------------------------------------------------------------- evaluation
+
+
+class Evaluator:
+    """Cache by plan hash in front of a process pool (or in-process when workers <= 1)."""
+
+    def __init__(self, source: str, hardware: HardwareModel, shape_hints: dict, workers: int) -> None:
+        self.source = source
+        self.hardware_json = hardware.canonical_json()
+        self.hints = shape_hints
+        self.cache: dict[str, Evaluation] = {}
+        self.evaluations = 0
+        self.sandbox = None
+        if workers > 1:
+            from service.ir.sandbox import Sandbox
+
+            self.sandbox = Sandbox(workers)
+            futures = [self.sandbox.submit(_warm_up, source, self.hardware_json, timeout=_TASK_TIMEOUT_S) for _ in range(workers)]
+            for f in futures:
+                f.result()
+        self.workers = workers
+
+    def close(self) -> None:
+        if self.sandbox is not None:
+            self.sandbox.close()
+
+    def _run(self, plans: list[dict]) -> list[dict]:
+        if self.sandbox is None:
+            return evaluate_plans(self.source, self.hardware_json, self.hints, plans)
+        chunk = max(1, min(_PLANS_PER_TASK, -(-len(plans) // self.workers)))
+        chunks = [plans[i:i + chunk] for i in range(0, len(plans), chunk)]
+        futures = [self.sandbox.submit(evaluate_plans, self.source, self.hardware_json, self.hints, c, timeout=_TASK_TIMEOUT_S) for c in chunks]
+        out: list[dict] = []
+        for c, f in zip(chunks, futures):
+            try:
+                out += f.result()
+            except Exception as exc:  # a worker crash or timeout costs these plans, not the search
+                out += [{"stage": "rejected", "reason": f"evaluation failed: {type(exc).__name__}: {exc}"}] * len(c)
+        return out
+
+    def evaluate(self, items: list[tuple[Candidate, Plan | str]]) -> list[Evaluation]:
+        """Evaluations in the order given; pruned (str) and cached plans cost nothing."""
+        results: list[Evaluation | None] = [None] * len(items)
+        todo: dict[str, list[int]] = {}
+        plans: list[Plan] = []
+        for i, (cand, plan) in enumerate(items):
+            if isinstance(plan, str):
+                results[i] = Evaluation(plan=None, params=cand.params, source=cand.source, reason=plan, stage="pruned")
+                continue
+            h = plan.plan_hash()
+            if h in self.cache:
+                hit = self.cache[h]
+                results[i] = hit.model_copy(update={"params": cand.params, "source": cand.source, "cached": True})
+            elif h in todo:
+                todo[h].append(i)
+            else:
+                todo[h] = [i]
+                plans.append(plan)
+        if plans:
+            raw = self._run([json.loads(p.canonical_json()) for p in plans])
+            self.evaluations += len(plans)
+            for plan, r in zip(plans, raw):
+                h = plan.plan_hash()
+                first = todo[h][0]
+                ev = Evaluation(plan=json.loads(plan.canonical_json()), plan_hash=h, params=items[first][0].params, source=items[first][0].source, **r)
+                self.cache[h] = ev
+                for k, i in enumerate(todo[h]):
+                    results[i] = ev if k == 0 else ev.model_copy(update={"params": items[i][0].params, "source": items[i][0].source, "cached": True})
+        return results  # type: ignore[return-value]
+
+
+def _better(a: Evaluation | None, b: Evaluation) -> bool:
+    """Is b better than a: feasible first, then lower latency, ties by plan hash (determinism)."""
+    if b.latency_s is None:
+        return False
+    if a is None or a.latency_s is None:
+        return True
+    return (b.objective, b.plan_hash or "") < (a.objective, a.plan_hash or "")
+
+
+def _params_from_group(spec: GroupSpec, group) -> dict | None:
+    """Knob values reproducing a known group (warm start), or None if it is outside the space."""
+    rank = len(spec.ranges)
+    levels = list(group.levels)
+    if any(len(lv.tile_sizes) != rank for lv in levels):
+        return None
+    outer = levels[0] if levels and any(lv for lv, t in zip(levels[0].tile_sizes, spec.iterator_types) if t == "parallel") else None
+    rest = levels[1:] if outer else levels
+    inner = next((lv for lv in rest if any(s for s, t in zip(lv.tile_sizes, spec.iterator_types) if t == "parallel")), None)
+    red = next((lv for lv in levels if any(s for s, t in zip(lv.tile_sizes, spec.iterator_types) if t == "reduction")), None)
+    p: dict = {f"{spec.name}.outer.loop": outer.loop if outer else "forall"}
+    for d, choices in spec.outer_choices.items():
+        p[f"{spec.name}.outer.d{d}"] = outer.tile_sizes[d] if outer else 0
+    for d in spec.inner_choices:
+        p[f"{spec.name}.inner.d{d}"] = inner.tile_sizes[d] if inner else 0
+    for d in spec.reduction_choices:
+        p[f"{spec.name}.red.d{d}"] = red.tile_sizes[d] if red else 0
+    for u in spec.optional:
+        p[f"{spec.name}.fuse.{u}"] = u in group.fuse
+    knobs = {k.name: k.choices for k in spec.knobs()}
+    if any(v not in knobs[k] for k, v in p.items()):
+        return None
+    return p
+
+
+def _group_info(spec: GroupSpec) -> dict:
+    return {
+        "anchor": spec.anchor,
+        "fixed": spec.fixed,
+        "optional": spec.optional,
+        "stops": [{"uid": s.uid, "reason": s.reason} for s in spec.stops],
+        "notes": spec.notes,
+        "space_size": spec.size(),
+    }
+
+
+def _search(
+    source: str,
+    hardware: HardwareModel,
+    *,
+    budget: int,
+    seconds: float | None,
+    strategy: str,
+    seed: int,
+    shape_hints: dict[str, list[int]],
+    warm_start_plans: list[dict] | None,
+    workers: int,
+    progress: ProgressFn | None,
+) -> TuneResult:
+    if strategy not in STRATEGIES:
+        raise ValueError(f"unknown strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}")
+    t_start = time.perf_counter()
+    deadline = t_start + seconds if seconds else None
+    analysis = analyze(source)
+    graph = analysis.graph
+    space = build_space(graph, hardware, shape_hints)
+    warnings = list(space.notes)
+    dynamic = [f"op {op.uid} loop {d}" for op in graph.ops.values() for d in op.dynamic_dims]
+    if dynamic and not shape_hints:
+        warnings.insert(0, f"module has dynamic dims and no shape hints: every dynamic dim is assumed {DEFAULT_DYNAMIC_EXTENT}; pass --shape-hint argN=AxB or --bucket NAME=v1,v2,... for plans that match your shapes")
+    evaluator = Evaluator(source, hardware, shape_hints, workers)
+    trials: list[Evaluation] = []
+    best: Evaluation | None = None
+
+    def record(evs: list[Evaluation]) -> None:
+        nonlocal best
+        for ev in evs:
+            trials.append(ev)
+            if _better(best, ev):
+                best = ev
+        if progress:
+            progress(evaluator.evaluations, budget, best.latency_s if best else None)
+
+    t_search = time.perf_counter()
+    try:
+        # Baseline (seed 000) and the untiled module: always scored, whatever the budget.
+        st_plan, st_notes = supertiling_plan(graph, hardware, space.shapes)
+        warnings += st_notes
+        st = SuperTilingStrategy(st_plan)
+        st_cand = st.suggest()
+        untiled_cand = Candidate(params={}, source="untiled", plan=Plan())
+        base_evs = evaluator.evaluate([(st_cand, st_plan), (untiled_cand, Plan())])
+        record(base_evs)
+        baseline_ev, untiled_ev = base_evs
+
+        # Starting context: warm-start groups when they are in the space, else the defaults.
+        context: dict[str, dict] = {}
+        warm_by_group: dict[str, list[dict]] = {g.name: [] for g in space.groups}
+        warm_items = []
+        for i, wp in enumerate(warm_start_plans or []):
+            try:
+                plan = Plan.model_validate(wp)
+            except Exception as exc:
+                warnings.append(f"warm start plan {i} ignored: {exc}")
+                continue
+            warm_items.append((Candidate(params={}, source="warm_start", plan=plan), plan))
+            for spec in space.groups:
+                for grp in plan.groups:
+                    if grp.anchor == spec.anchor:
+                        p = _params_from_group(spec, grp)
+                        if p is not None:
+                            warm_by_group[spec.name].append(p)
+        if warm_items:
+            record(evaluator.evaluate(warm_items))
+        for spec in space.groups:
+            start = (warm_by_group[spec.name] or [spec.default_params()])[0]
+            if not isinstance(spec.to_group(start), str):
+                context[spec.name] = start
+
+        def plan_of(params_by_group: dict[str, dict]) -> Plan | str:
+            merged = {k: v for p in params_by_group.values() for k, v in p.items()}
+            plan = space.to_plan(merged)
+            return plan if isinstance(plan, str) else complete_plan(space, plan, hardware)
+
+        if space.groups and context:
+            record(evaluator.evaluate([(Candidate(params={}, source="default"), plan_of(context))]))
+
+        complete = True
+        if strategy != "supertiling" and space.groups:
+            batch = max(1, workers) * _PLANS_PER_TASK if workers > 1 else 4
+            n_groups = len(space.groups)
+            for gi, spec in enumerate(space.groups):
+                group_budget = (budget - evaluator.evaluations) // (n_groups - gi)
+                spent_at_start = evaluator.evaluations
+                strat = make_strategy(strategy, spec.knobs(), seed + gi, warm_by_group[spec.name])
+                group_best: tuple[Evaluation, dict] | None = None
+                suggestions = 0
+                exhausted = False
+                # Pruned and cached suggestions are cheap; the cap stops a strategy that only repeats.
+                while evaluator.evaluations - spent_at_start < group_budget and suggestions < 50 * max(group_budget, 1):
+                    if deadline and time.perf_counter() > deadline:
+                        complete = False
+                        break
+                    room = group_budget - (evaluator.evaluations - spent_at_start)
+                    cands = []
+                    for _ in range(min(batch, room)):
+                        c = strat.suggest()
+                        if c is None:
+                            exhausted = True
+                            break
+                        cands.append(c)
+                    suggestions += len(cands)
+                    if cands:
+                        items = [(c, plan_of({**context, spec.name: c.params})) for c in cands]
+                        evs = evaluator.evaluate(items)
+                        for c, ev in zip(cands, evs):
+                            strat.tell(c, ev)
+                            if ev.latency_s is not None and (group_best is None or _better(group_best[0], ev)):
+                                group_best = (ev, c.params)
+                        record([ev for ev in evs])
+                    if exhausted:
+                        break
+                if group_best is not None and (spec.name not in context or group_best[0].feasible or not any(t.feasible for t in trials)):
+                    context[spec.name] = group_best[1]
+            if deadline and time.perf_counter() > deadline and evaluator.evaluations < budget:
+                complete = False
+            final = plan_of(context) if context else Plan()
+            if not isinstance(final, str):
+                record(evaluator.evaluate([(Candidate(params={}, source=strategy), final)]))
+    finally:
+        evaluator.close()
+    elapsed = time.perf_counter() - t_start
+    search_s = max(time.perf_counter() - t_search, 1e-9)
+    assert best is not None  # the untiled module always evaluates
+    if not best.feasible:
+        warnings.append("no feasible plan found: every evaluated candidate breaks a hardware limit; the least bad is returned (see predicted.reasons)")
+
+    def brief(ev: Evaluation | None) -> dict | None:
+        if ev is None:
+            return None
+        return {"plan": ev.plan, "latency_s": ev.latency_s, "feasible": ev.feasible, "bound_by": ev.bound_by, "reason": ev.reason, "stage": ev.stage}
+
+    return TuneResult(
+        plan=best.plan or {"groups": []},
+        plan_hash=best.plan_hash or "",
+        predicted=best.cost or {"latency_s": best.latency_s, "feasible": best.feasible},
+        feasible=best.feasible,
+        baseline=brief(baseline_ev),
+        untiled=brief(untiled_ev),
+        strategy=strategy,
+        seed=seed,
+        budget=budget,
+        seconds_limit=seconds,
+        evaluations=evaluator.evaluations,
+        evaluations_per_s=evaluator.evaluations / search_s,
+        elapsed_s=elapsed,
+        complete=complete,
+        space_size=space.size(),
+        groups=[_group_info(g) for g in space.groups],
+        trials=trials,
+        warnings=warnings,
+        shape_hints=shape_hints,
+    )
+
+
+# --------------------------------------------------------------------------- dynamic shapes
+
+
+def parse_shape_hints(items: list[str] | dict | None) -> dict[str, list[int]]:
+    """['arg0=128x1024', ...] or {'arg0': '128x1024'} -> {'arg0': [128, 1024]}."""
+    if not items:
+        return {}
+    pairs = items.items() if isinstance(items, dict) else (s.split("=", 1) for s in items)
+    out = {}
+    for k, v in pairs:
+        if isinstance(v, str):
+            out[k.strip()] = [int(x) for x in v.lower().split("x")]
+        elif isinstance(v, int):
+            out[k.strip()] = [v]
+        else:
+            out[k.strip()] = [int(x) for x in v]
+    return out
+
+
+def parse_buckets(items: list[str] | dict | None) -> dict[str, list[int]]:
+    """['M=1,16,128,1024'] -> {'M': [1, 16, 128, 1024]} (sorted)."""
+    if not items:
+        return {}
+    pairs = items.items() if isinstance(items, dict) else (s.split("=", 1) for s in items)
+    return {k.strip(): sorted(int(x) for x in (v.split(",") if isinstance(v, str) else v)) for k, v in pairs}
+
+
+def _bucket_hints(graph, name: str, value: int, base: dict[str, list[int]]) -> dict[str, list[int]]:
+    """Shape hints for one bucket: `name` is `argN` (its dynamic dims), `argN.D` (one dim), or any
+    other label (every dynamic dim of the module, e.g. M for a token count)."""
+    hints = {k: list(v) for k, v in base.items()}
+    arg, _, dim = name.partition(".")
+    for op in graph.ops.values():
+        for dyn in op.dynamic_dims.values():
+            if dyn.arg_index is None:
+                continue
+            key = f"arg{dyn.arg_index}"
+            if name.startswith("arg") and (key != arg or (dim and int(dim) != dyn.dim)):
+                continue
+            full = hints.get(key) or _arg_shape(op, dyn)
+            full = list(full)
+            full[dyn.dim] = value
+            hints[key] = full
+    return hints
+
+
+def _arg_shape(op, dyn) -> list[int]:
+    """The static shape of the argument behind a dynamic dim, dynamic dims filled with the default."""
+    for shape in op.operand_shapes:
+        if shape is not None and len(shape) > dyn.dim and shape[dyn.dim] is None:
+            return [s if s is not None else DEFAULT_DYNAMIC_EXTENT for s in shape]
+    return [DEFAULT_DYNAMIC_EXTENT] * (dyn.dim + 1)
+
+
+def tune(
+    source_text: str,
+    hardware: HardwareModel,
+    *,
+    budget: int = 300,
+    seconds: float | None = None,
+    strategy: str = "tpe",
+    seed: int = 0,
+    shape_hints: dict | list[str] | None = None,
+    buckets: dict | list[str] | None = None,
+    warm_start_plans: list[dict] | None = None,
+    workers: int = 2,
+    progress: ProgressFn | None = None,
+) -> TuneResult:
+    """Search tile-and-fuse plans for `source_text` on `hardware`.
+
+    budget: distinct plans to evaluate; seconds: wall-clock limit (complete=False when hit).
+    With buckets, each bucket is searched with its share of the budget and the result carries
+    per-bucket plans and a dispatch table (the top-level plan is the largest bucket's).
+    """
+    hints = parse_shape_hints(shape_hints)
+    bucket_map = parse_buckets(buckets)
+    common = dict(strategy=strategy, seed=seed, warm_start_plans=warm_start_plans, workers=workers, progress=progress)
+    if not bucket_map:
+        return _search(source_text, hardware, budget=budget, seconds=seconds, shape_hints=hints, **common)
+    if len(bucket_map) > 1:
+        raise ValueError("one bucketed dim per search: pass a single --bucket NAME=v1,v2,...")
+    (name, values), = bucket_map.items()
+    graph = analyze(source_text).graph
+    share_budget = max(10, budget // len(values))
+    share_s = seconds / len(values) if seconds else None
+    results: list[tuple[int, TuneResult]] = []
+    for v in values:
+        bh = _bucket_hints(graph, name, v, hints)
+        results.append((v, _search(source_text, hardware, budget=share_budget, seconds=share_s, shape_hints=bh, **common)))
+    bucket_results, dispatch = [], []
+    low: int | None = None
+    for i, (v, r) in enumerate(results):
+        high = v if i < len(results) - 1 else None
+        bucket_results.append(BucketResult(name=name, value=v, range=[low, high], shape_hints=r.shape_hints, plan=r.plan, predicted={"latency_s": r.predicted.get("latency_s"), "feasible": r.feasible}, baseline=r.baseline))
+        dispatch.append({"dim": name, "min_exclusive": low, "max_inclusive": high, "bucket": v, "plan_hash": r.plan_hash})
+        low = v
+    top = results[-1][1]
+    total_evals = sum(r.evaluations for _, r in results)
+    total_s = sum(r.elapsed_s for _, r in results)
+    warnings = sorted({w for _, r in results for w in r.warnings if "no shape hints" not in w})
+    return top.model_copy(update={
+        "evaluations": total_evals,
+        "evaluations_per_s": total_evals / max(total_s, 1e-9),
+        "elapsed_s": total_s,
+        "complete": all(r.complete for _, r in results),
+        "trials": [t for _, r in results for t in r.trials],
+        "buckets": bucket_results,
+        "dispatch": dispatch,
+        "warnings": warnings,
+        "budget": budget,
+    })

@@ -1,0 +1,447 @@
+"""The tile-and-fuse candidate space: tile groups grown around anchors, and their knobs.
+
+A group is an anchor (contraction, convolution, reduction; then any op that does not fit memory
+untiled, seed 000's rule) grown by diffusion (seed 001): a BFS over producers AND consumers that
+stops at ops the IR core cannot fuse, each stop recorded with its reason. Fuse-group members
+always join together. Knobs per group mirror IREE's CPU levels (and any memory hierarchy):
+  level 0: parallel tile sizes of the anchor + loop kind (forall distributes over cores),
+  level 1: inner parallel tile sizes (multiples of the vector width on the innermost dim),
+  level 2: reduction tile sizes (scf.for on the anchor copy),
+plus one fuse-or-not switch per optional boundary op.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+
+from service.hardware.cost import DEFAULT_DYNAMIC_EXTENT
+from service.hardware.model import HardwareModel
+from service.ir.errors import PlanError
+from service.ir.graph import OpGraph, TileableOp
+from service.ir.plan import Group, Level, Plan
+from service.ir.transform import layout_group
+
+ANCHOR_KINDS = ("contraction", "convolution", "reduction")
+SPACE_VERSION = "search-space/1"
+_ELEMENT_BYTES = {"f64": 8, "i64": 8, "f32": 4, "i32": 4, "f16": 2, "bf16": 2, "i16": 2, "i8": 1, "i1": 1}
+
+
+def element_bytes(element_type: str) -> int:
+    return _ELEMENT_BYTES.get(element_type, 4)
+
+
+# --------------------------------------------------------------------------- shapes
+
+
+@dataclass
+class ShapeContext:
+    """Loop ranges with dynamic dims resolved from shape hints (or the stated default)."""
+
+    hints: dict[str, list[int]]
+    defaulted: list[str] = field(default_factory=list)  # dynamic dims that got the default
+
+    def loop_ranges(self, op: TileableOp) -> list[int]:
+        out: list[int] = []
+        for d, r in enumerate(op.loop_ranges):
+            if r is not None:
+                out.append(r)
+                continue
+            dyn = op.dynamic_dims.get(d)
+            hint = self.hints.get(f"arg{dyn.arg_index}") if dyn and dyn.arg_index is not None else None
+            if hint is not None and dyn.dim < len(hint):
+                out.append(hint[dyn.dim])
+            else:
+                where = f"arg{dyn.arg_index} dim {dyn.dim}" if dyn and dyn.arg_index is not None else f"op {op.uid} loop {d}"
+                if where not in self.defaulted:
+                    self.defaulted.append(where)
+                out.append(DEFAULT_DYNAMIC_EXTENT)
+        return out
+
+
+def op_bytes(op: TileableOp, shapes: ShapeContext) -> int:
+    """Seed 000's footprint of an untiled op: the sum of its tensor operands and results."""
+    ranges = shapes.loop_ranges(op)
+    total = 0
+    for shape_list, etype in zip(op.operand_shapes, op.operand_element_types):
+        if shape_list is None:
+            continue
+        n = 1
+        for i, s in enumerate(shape_list):
+            n *= s if s is not None else (ranges[i] if i < len(ranges) else DEFAULT_DYNAMIC_EXTENT)
+        total += n * element_bytes(etype)
+    return total
+
+
+def available_memory(hardware: HardwareModel) -> int:
+    """The memory an untiled op must fit in: the largest per-core level below main memory (a
+    shared last-level cache is split among cores), else the first level below main memory."""
+    below = hardware.memory_levels[1:]
+    private = [lv for lv in below if not lv.shared]
+    if private:
+        return max(lv.capacity_bytes for lv in private)
+    return below[0].capacity_bytes if below else hardware.memory_levels[0].capacity_bytes
+
+
+def innermost_memory(hardware: HardwareModel) -> int:
+    return hardware.memory_levels[-1].capacity_bytes
+
+
+# --------------------------------------------------------------------------- groups
+
+
+@dataclass
+class Stop:
+    uid: int
+    reason: str
+
+
+@dataclass
+class GroupSpec:
+    """One tile group of the space: fixed members, optional boundary ops, knob choices."""
+
+    index: int
+    anchor: int
+    fixed: list[int]  # fused members besides the anchor (fuse-group partners, chains)
+    optional: list[int]  # boundary ops: fuse or not is a knob
+    stops: list[Stop]
+    notes: list[str]
+    ranges: list[int]  # anchor loop ranges (dynamic dims resolved)
+    iterator_types: list[str]
+    outer_choices: dict[int, list[int]]  # anchor parallel dim -> level-0 sizes
+    inner_choices: dict[int, list[int]]  # anchor parallel dim -> level-1 sizes
+    reduction_choices: dict[int, list[int]]  # anchor reduction dim -> level-2 sizes
+    optional_units: dict[int, list[int]] = field(default_factory=dict)  # optional op -> ops joining with it
+    optional_parent: dict[int, int] = field(default_factory=dict)  # optional op -> member it was reached from
+    outside_consumers: dict[int, list[int]] = field(default_factory=dict)  # optional producer -> consumers not in the group
+
+    @property
+    def name(self) -> str:
+        return f"g{self.anchor}"
+
+    def knobs(self) -> list["Knob"]:
+        ks = [Knob(f"{self.name}.outer.d{d}", c) for d, c in self.outer_choices.items()]
+        ks.append(Knob(f"{self.name}.outer.loop", ["forall", "for"]))
+        ks += [Knob(f"{self.name}.inner.d{d}", c) for d, c in self.inner_choices.items()]
+        ks += [Knob(f"{self.name}.red.d{d}", c) for d, c in self.reduction_choices.items()]
+        ks += [Knob(f"{self.name}.fuse.{u}", [True, False]) for u in self.optional]
+        return ks
+
+    def size(self) -> int:
+        return math.prod(len(k.choices) for k in self.knobs())
+
+    def to_group(self, params: dict) -> Group | str:
+        """The plan group for these knob values, or why the combination is invalid (cheap)."""
+        rank = len(self.ranges)
+        outer = [0] * rank
+        inner = [0] * rank
+        red = [0] * rank
+        for d in self.outer_choices:
+            outer[d] = params[f"{self.name}.outer.d{d}"]
+        for d in self.inner_choices:
+            inner[d] = params[f"{self.name}.inner.d{d}"]
+        for d in self.reduction_choices:
+            red[d] = params[f"{self.name}.red.d{d}"]
+        for d in range(rank):
+            if inner[d]:
+                span = outer[d] or self.ranges[d]
+                if inner[d] >= span:
+                    return f"inner tile {inner[d]} on dim {d} is not smaller than the outer tile {span}"
+                if span % inner[d]:
+                    return f"inner tile {inner[d]} on dim {d} does not divide the outer tile {span}"
+        levels: list[Level] = []
+        if any(outer):
+            levels.append(Level(tile_sizes=outer, loop=params[f"{self.name}.outer.loop"]))
+        if any(inner):
+            levels.append(Level(tile_sizes=inner, loop="for"))
+        if any(red):
+            levels.append(Level(tile_sizes=red, loop="for"))
+        if not levels:
+            return "every tile size is 0: the group tiles nothing"
+        fuse = list(self.fixed)
+        included = {self.anchor, *self.fixed}
+        # BFS order: an optional op joins only when the member it was reached from has joined
+        # (a broadcast feeding an un-fused add would be a second sink).
+        for u in self.optional:
+            if params.get(f"{self.name}.fuse.{u}", True) and self.optional_parent.get(u, self.anchor) in included:
+                fuse += [v for v in self.optional_units.get(u, [u]) if v not in fuse]
+                included.add(u)
+        outer_loop = params[f"{self.name}.outer.loop"] if any(outer) else "for"
+        shared = [u for u in fuse if self.outside_consumers.get(u)]
+        if shared and (not any(outer) or outer_loop == "for"):
+            # MLIR 3.13 aborts the process (LLVM ERROR in SmallVector) fusing a producer that has
+            # uses outside the loop into an scf.for; only scf.forall survives it.
+            return f"op(s) {shared} feed consumers outside the group: fusing them needs forall loops only (scf.for fusion aborts MLIR)"
+        return Group(anchor=self.anchor, fuse=sorted(fuse), levels=levels)
+
+    def default_params(self) -> dict:
+        """A modest starting point: 64-wide distribution tiles, everything optional fused."""
+        p: dict = {}
+        for d, c in self.outer_choices.items():
+            p[f"{self.name}.outer.d{d}"] = min(c[1:] or c, key=lambda s: abs(s - 64)) if len(c) > 1 else c[0]
+        p[f"{self.name}.outer.loop"] = "forall"
+        for d, c in self.inner_choices.items():
+            p[f"{self.name}.inner.d{d}"] = 0
+        for d, c in self.reduction_choices.items():
+            p[f"{self.name}.red.d{d}"] = 0
+        for u in self.optional:
+            p[f"{self.name}.fuse.{u}"] = True
+        return p
+
+
+@dataclass(frozen=True)
+class Knob:
+    name: str
+    choices: list
+
+    def __hash__(self) -> int:  # choices is a list; the name identifies the knob
+        return hash(self.name)
+
+
+@dataclass
+class SearchSpace:
+    graph: OpGraph
+    groups: list[GroupSpec]
+    untiled: list[int]  # ops in no group (they fit memory, or could not be grouped)
+    notes: list[str]
+    shapes: ShapeContext
+
+    def knobs(self) -> list[Knob]:
+        return [k for g in self.groups for k in g.knobs()]
+
+    def size(self) -> int:
+        return math.prod(g.size() for g in self.groups) if self.groups else 1
+
+    def to_plan(self, params: dict) -> Plan | str:
+        """Plan for a full assignment; params missing for a group leave that group untiled."""
+        groups = []
+        for g in self.groups:
+            if not any(k.startswith(g.name + ".") for k in params):
+                continue
+            grp = g.to_group(params)
+            if isinstance(grp, str):
+                return f"group {g.index} (anchor {g.anchor}): {grp}"
+            groups.append(grp)
+        return Plan(groups=groups)
+
+
+# --------------------------------------------------------------------------- tile sizes
+
+
+def _pow2_upto(limit: int, start: int = 1) -> list[int]:
+    out, s = [], start
+    while s < limit:
+        out.append(s)
+        s *= 2
+    return out
+
+
+def outer_sizes(extent: int, min_size: int = 8, max_choices: int = 9) -> list[int]:
+    """0 (untiled) + powers of two and divisors of the extent below it, largest kept first."""
+    sizes = {s for s in _pow2_upto(extent, min_size)}
+    sizes |= {d for d in range(min_size, extent) if extent % d == 0 and (extent // d) <= 64}
+    ordered = sorted(sizes)
+    if len(ordered) > max_choices - 1:
+        ordered = ordered[-(max_choices - 1):]
+    return [0, *ordered] if ordered else [0]
+
+
+def inner_sizes(extent: int, vector_elems: int, innermost: bool) -> list[int]:
+    """Register-level tiles: multiples of the vector width on the innermost dim, small elsewhere."""
+    cands = [vector_elems * m for m in (1, 2, 4)] if innermost else [1, 2, 4, 8]
+    return [0, *[s for s in cands if s < extent]]
+
+
+def reduction_sizes(extent: int) -> list[int]:
+    return [0, *[s for s in _pow2_upto(extent, 4) if s <= 256]]
+
+
+# --------------------------------------------------------------------------- building the space
+
+
+def choose_anchors(graph: OpGraph, hardware: HardwareModel, shapes: ShapeContext) -> list[int]:
+    """Contractions, convolutions, reductions in topological order; then ops that do not fit."""
+    order = graph.topological_order()
+    anchors = [u for u in order if graph.op(u).kind in ANCHOR_KINDS]
+    limit = available_memory(hardware)
+    anchors += [
+        u for u in order
+        if u not in anchors and graph.op(u).kind != "fill" and op_bytes(graph.op(u), shapes) > limit
+    ]
+    return anchors
+
+
+def _fuse_unit(graph: OpGraph, uid: int) -> list[int]:
+    """An op together with every op sharing one of its fuse groups (transitively)."""
+    unit, stack = {uid}, [uid]
+    while stack:
+        for gid in graph.op(stack.pop()).fuse_groups:
+            for v in graph.fuse_groups.get(gid, []):
+                if v not in unit:
+                    unit.add(v)
+                    stack.append(v)
+    return sorted(unit)
+
+
+def _probe_group(graph: OpGraph, anchor: int, members: list[int], ranges: list[int], iterators: list[str]) -> str | None:
+    """Why `members` cannot form a group around `anchor` (IR core rules), or None if it can."""
+    sizes = [max(1, r // 2) if t == "parallel" else 0 for r, t in zip(ranges, iterators)]
+    if not any(sizes):
+        sizes = [max(1, r // 2) for r in ranges]
+    try:
+        layout_group(graph, 0, Group(anchor=anchor, fuse=sorted(set(members) - {anchor}), levels=[Level(tile_sizes=sizes, loop="forall")]))
+    except PlanError as err:
+        return err.reason
+    return None
+
+
+def grow_group(graph: OpGraph, anchor: int, claimed: dict[int, int], ranges: list[int]):
+    """Diffusion BFS from the anchor over producers and consumers.
+
+    Returns (fixed members, optional boundary ops, units of optional ops, the member each
+    optional op was reached from, optional producers' consumers outside the group, stops, notes).
+    Anchor-kind ops, ops claimed by another group, and ops the IR core would reject stop the
+    growth; ops feeding only inits (fills) are fixed; other fusible neighbours are optional.
+    """
+    op = graph.op(anchor)
+    fixed = [u for u in _fuse_unit(graph, anchor) if u != anchor]
+    members = {anchor, *fixed}
+    optional: list[int] = []
+    units: dict[int, list[int]] = {}
+    parent: dict[int, int] = {}
+    outside_of: dict[int, list[int]] = {}
+    stops: list[Stop] = []
+    notes: list[str] = []
+    queue = deque((u, anchor) for u in sorted(set(graph.op(anchor).producers) | set(graph.op(anchor).consumers)))
+    for f in fixed:
+        queue.extend((v, f) for v in graph.op(f).producers + graph.op(f).consumers)
+    seen = set(members)
+    while queue:
+        u, via = queue.popleft()
+        if u in seen:
+            continue
+        seen.add(u)
+        cand = graph.op(u)
+        unit = _fuse_unit(graph, u)
+        if u in claimed:
+            stops.append(Stop(u, f"already in group of anchor {claimed[u]}"))
+            continue
+        if cand.kind in ANCHOR_KINDS:
+            stops.append(Stop(u, f"{cand.kind} op: anchors its own group (a tiled reduction cannot share the loop)"))
+            continue
+        if u in graph.downstream(anchor) and any(v in graph.upstream(anchor) for v in unit):
+            stops.append(Stop(u, "fuse group spans both sides of the anchor"))
+            continue
+        reason = _probe_group(graph, anchor, sorted(members | set(unit)), ranges, op.iterator_types)
+        if reason is not None:
+            stops.append(Stop(u, reason))
+            continue
+        members |= set(unit)
+        # A fill or an op that only initialises the anchor's accumulator is always worth fusing.
+        if cand.kind == "fill":
+            fixed += [v for v in unit if v not in fixed]
+        else:
+            optional.append(u)
+            units[u] = unit
+            parent[u] = via
+        outside = [c for c in cand.consumers if c not in members and c not in graph.upstream(anchor)]
+        if outside and u in graph.upstream(anchor):
+            outside_of[u] = outside
+            notes.append(
+                f"op {u} ({cand.name}) also feeds {outside} outside this group: when fused, its "
+                "full-size result is still computed for them (charged by the cost model as "
+                "recompute + memory); when not fused it is tiled on its own if it does not fit"
+            )
+        for v in cand.producers + cand.consumers:
+            if v not in seen:
+                queue.append((v, u))
+    return fixed, optional, units, parent, outside_of, stops, notes
+
+
+def build_space(graph: OpGraph, hardware: HardwareModel, shape_hints: dict[str, list[int]] | None = None) -> SearchSpace:
+    shapes = ShapeContext(hints=dict(shape_hints or {}))
+    claimed: dict[int, int] = {}
+    groups: list[GroupSpec] = []
+    notes: list[str] = []
+    vector_bytes = hardware.compute.vector_width_bytes
+    for anchor in choose_anchors(graph, hardware, shapes):
+        if anchor in claimed:
+            continue
+        op = graph.op(anchor)
+        ranges = shapes.loop_ranges(op)
+        fixed, optional, units, parent, outside_of, stops, gnotes = grow_group(graph, anchor, claimed, ranges)
+        # Units must not be claimed already; fixed fuse-group partners can be claimed only if
+        # another group took them, which would split a fuse group: skip this anchor then.
+        if any(u in claimed for u in fixed):
+            notes.append(f"op {anchor}: its fuse group is already tiled with anchor {claimed[next(u for u in fixed if u in claimed)]}")
+            continue
+        parallel = [d for d, t in enumerate(op.iterator_types) if t == "parallel"]
+        reduction = [d for d, t in enumerate(op.iterator_types) if t == "reduction"]
+        vec = max(1, vector_bytes // element_bytes(op.element_type))
+        innermost = parallel[-1] if parallel else None
+        spec = GroupSpec(
+            index=len(groups),
+            anchor=anchor,
+            fixed=sorted(fixed),
+            optional=optional,
+            optional_units=units,
+            optional_parent=parent,
+            outside_consumers=outside_of,
+            stops=stops,
+            notes=gnotes,
+            ranges=ranges,
+            iterator_types=list(op.iterator_types),
+            outer_choices={d: outer_sizes(ranges[d]) for d in parallel if ranges[d] > 1},
+            inner_choices={d: inner_sizes(ranges[d], vec, d == innermost) for d in parallel if ranges[d] > 1},
+            reduction_choices={d: reduction_sizes(ranges[d]) for d in reduction if ranges[d] > 4},
+        )
+        groups.append(spec)
+        for u in [anchor, *fixed, *[v for o in optional for v in units[o]]]:
+            claimed[u] = anchor
+    # Optional members may be left out by a candidate; they are then tiled on their own if they
+    # do not fit (see standalone_groups), else left untiled and charged as un-fused.
+    untiled = [u for u in graph.topological_order() if u not in claimed]
+    if shapes.defaulted:
+        notes.append(
+            f"dynamic dims without a shape hint: {', '.join(shapes.defaulted)}; assumed "
+            f"{DEFAULT_DYNAMIC_EXTENT} (pass --shape-hint argN=AxB or --bucket)"
+        )
+    return SearchSpace(graph=graph, groups=groups, untiled=untiled, notes=notes, shapes=shapes)
+
+
+def standalone_group(graph: OpGraph, uid: int, shapes: ShapeContext, hardware: HardwareModel) -> Group | None:
+    """A left-out op that does not fit memory, tiled on its own (seed 000's multi-consumer fix):
+    parallel dims halved until one tile fits the available memory, distributed with forall."""
+    op = graph.op(uid)
+    total = op_bytes(op, shapes)
+    limit = available_memory(hardware)
+    if total <= limit:
+        return None
+    ranges = shapes.loop_ranges(op)
+    sizes = [r if t == "parallel" else 0 for r, t in zip(ranges, op.iterator_types)]
+    par = [d for d, t in enumerate(op.iterator_types) if t == "parallel"]
+    if not par:
+        return None
+    frac = 1.0
+    while total * frac > limit and any(sizes[d] > 1 for d in par):
+        d = max(par, key=lambda i: sizes[i])
+        frac *= (sizes[d] // 2) / sizes[d]
+        sizes[d] //= 2
+    sizes = [s if s < r else 0 for s, r in zip(sizes, ranges)]
+    if not any(sizes):
+        return None
+    return Group(anchor=uid, fuse=[], levels=[Level(tile_sizes=sizes, loop="forall")])
+
+
+def complete_plan(space: SearchSpace, plan: Plan, hardware: HardwareModel) -> Plan:
+    """Add standalone groups for ops no group of `plan` tiles and that do not fit memory."""
+    covered = {u for g in plan.groups for u in g.members}
+    extra = []
+    for uid in space.graph.topological_order():
+        if uid in covered or space.graph.op(uid).fuse_groups:
+            continue
+        g = standalone_group(space.graph, uid, space.shapes, hardware)
+        if g is not None:
+            extra.append(g)
+    return Plan(groups=[*plan.groups, *extra]) if extra else plan

@@ -1,0 +1,254 @@
+"""Search strategies behind one small interface, in Optuna's ask/tell style.
+
+    s = make_strategy("tpe", knobs, seed=0)
+    c = s.suggest()          # a Candidate, or None when the strategy has nothing left
+    s.tell(c, evaluation)    # what the engine found
+
+All are deterministic for a given seed when told results in the order they were suggested
+(the engine guarantees that, even with a process pool). `supertiling` is seed 000 as written;
+it proposes one whole plan and is scored by every search as the baseline.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import math
+import random
+from collections import deque
+from typing import Protocol
+
+import optuna
+
+from service.hardware.model import HardwareModel
+from service.ir.errors import PlanError
+from service.ir.graph import OpGraph
+from service.ir.plan import Group, Level, Plan
+from service.ir.transform import layout_group
+
+from .candidate import Candidate, Evaluation
+from .space import Knob, ShapeContext, innermost_memory, op_bytes
+
+STRATEGIES = ("tpe", "nsga2", "random", "exhaustive", "supertiling")
+# Optuna needs finite objective values: unusable candidates get this instead of infinity.
+_WORST = 1e9
+
+optuna.logging.set_verbosity(logging.WARNING)
+
+
+class Strategy(Protocol):
+    name: str
+
+    def suggest(self) -> Candidate | None: ...
+
+    def tell(self, candidate: Candidate, evaluation: Evaluation) -> None: ...
+
+
+class OptunaStrategy:
+    """TPE (latency, feasibility as a constraint) or NSGA-II (latency vs peak footprint)."""
+
+    def __init__(self, name: str, knobs: list[Knob], seed: int, warm_start: list[dict] | None = None) -> None:
+        self.name = name
+        self.knobs = knobs
+        if name == "nsga2":
+            sampler = optuna.samplers.NSGAIISampler(seed=seed, population_size=20)
+            self.study = optuna.create_study(directions=["minimize", "minimize"], sampler=sampler)
+        else:
+            sampler = optuna.samplers.TPESampler(
+                seed=seed, multivariate=True, constant_liar=True, n_startup_trials=10,
+            )
+            self.study = optuna.create_study(direction="minimize", sampler=sampler)
+        for params in warm_start or []:
+            self.study.enqueue_trial(params, skip_if_exists=True)
+
+    def suggest(self) -> Candidate | None:
+        trial = self.study.ask()
+        params = {k.name: trial.suggest_categorical(k.name, k.choices) for k in self.knobs}
+        return Candidate(params=params, source=self.name, token=trial)
+
+    def tell(self, candidate: Candidate, evaluation: Evaluation) -> None:
+        trial = candidate.token
+        usable = evaluation.latency_s is not None
+        # Feasibility as an Optuna constraint (<= 0 satisfied); samplers prefer feasible trials.
+        trial.set_constraint("infeasible", 0.0 if evaluation.feasible else 1.0)
+        latency = min(evaluation.objective, _WORST) if usable else _WORST
+        if self.name == "nsga2":
+            footprint = float(evaluation.peak_footprint_bytes) if evaluation.peak_footprint_bytes is not None else _WORST
+            self.study.tell(trial, [latency, footprint])
+        else:
+            self.study.tell(trial, latency)
+
+
+class RandomStrategy:
+    def __init__(self, knobs: list[Knob], seed: int, warm_start: list[dict] | None = None) -> None:
+        self.name = "random"
+        self.knobs = knobs
+        self.rng = random.Random(seed)
+        self.queue = deque(warm_start or [])
+
+    def suggest(self) -> Candidate | None:
+        if self.queue:
+            return Candidate(params=self.queue.popleft(), source=self.name)
+        return Candidate(params={k.name: self.rng.choice(k.choices) for k in self.knobs}, source=self.name)
+
+    def tell(self, candidate: Candidate, evaluation: Evaluation) -> None:
+        pass
+
+
+class ExhaustiveStrategy:
+    """Every combination in a fixed order (complete only when the space fits the budget)."""
+
+    def __init__(self, knobs: list[Knob], seed: int = 0, warm_start: list[dict] | None = None) -> None:
+        self.name = "exhaustive"
+        self.knobs = knobs
+        self.size = math.prod(len(k.choices) for k in knobs)
+        self.queue = deque(warm_start or [])
+        self._it = itertools.product(*[k.choices for k in knobs])
+
+    def suggest(self) -> Candidate | None:
+        if self.queue:
+            return Candidate(params=self.queue.popleft(), source=self.name)
+        values = next(self._it, None)
+        if values is None:
+            return None
+        return Candidate(params=dict(zip((k.name for k in self.knobs), values)), source=self.name)
+
+    def tell(self, candidate: Candidate, evaluation: Evaluation) -> None:
+        pass
+
+
+class SuperTilingStrategy:
+    """Seed 000's plan, proposed once."""
+
+    def __init__(self, plan: Plan) -> None:
+        self.name = "supertiling"
+        self.plan = plan
+        self.done = False
+
+    def suggest(self) -> Candidate | None:
+        if self.done:
+            return None
+        self.done = True
+        return Candidate(params={}, source=self.name, plan=self.plan)
+
+    def tell(self, candidate: Candidate, evaluation: Evaluation) -> None:
+        pass
+
+
+def make_strategy(name: str, knobs: list[Knob], seed: int, warm_start: list[dict] | None = None) -> Strategy:
+    if name in ("tpe", "nsga2"):
+        return OptunaStrategy(name, knobs, seed, warm_start)
+    if name == "random":
+        return RandomStrategy(knobs, seed, warm_start)
+    if name == "exhaustive":
+        return ExhaustiveStrategy(knobs, seed, warm_start)
+    raise ValueError(f"unknown strategy {name!r}; choose one of {', '.join(STRATEGIES)}")
+
+
+# --------------------------------------------------------------------------- super tiling (seed 000)
+
+
+def _post_order(graph: OpGraph) -> list[int]:
+    """DFS over the data-flow DAG from its sources along consumer edges, post-order: every op
+    comes after all its consumers (so a consumer is tiled before its producers are considered)."""
+    order: list[int] = []
+    visited: set[int] = set()
+
+    def visit(u: int) -> None:
+        visited.add(u)
+        for c in graph.op(u).consumers:
+            if c not in visited:
+                visit(c)
+        order.append(u)
+
+    for u in graph.topological_order():
+        if not graph.op(u).producers and u not in visited:
+            visit(u)
+    for u in graph.topological_order():  # ops on cycles through non-tileable ops (defensive)
+        if u not in visited:
+            visit(u)
+    return order
+
+
+def _fuse_group_footprint(graph: OpGraph, uid: int, shapes: ShapeContext) -> int:
+    """Seed 000: a fuse-group op counts only if no consumer is in its group; then the group's
+    inputs (operands not produced inside the group) plus its output stand for the whole pattern."""
+    op = graph.op(uid)
+    members = {v for g in op.fuse_groups for v in graph.fuse_groups.get(g, [])}
+    if any(c in members for c in op.consumers):
+        return 0
+    total = 0
+    for m in members:
+        mop = graph.op(m)
+        inside = {e.operand for e in graph.edges_into(m) if e.producer in members}
+        ranges = shapes.loop_ranges(mop)
+        for i in range(mop.num_inputs):
+            shape = mop.operand_shapes[i]
+            if shape is None or i in inside:
+                continue
+            total += math.prod(s if s is not None else ranges[0] for s in shape) * 4
+    out = op.result_shapes[0] if op.result_shapes else []
+    return total + math.prod(s or 1 for s in out) * 4
+
+
+def _fits_group(graph: OpGraph, anchor: int, fuse: list[int], sizes: list[int]) -> bool:
+    try:
+        layout_group(graph, 0, Group(anchor=anchor, fuse=fuse, levels=[Level(tile_sizes=sizes, loop="for")]))
+        return True
+    except PlanError:
+        return False
+
+
+def supertiling_plan(graph: OpGraph, hardware: HardwareModel, shapes: ShapeContext) -> tuple[Plan, list[str]]:
+    """Seed 000 as written: post-order DFS; an op not yet fused that does not fit the available
+    memory is tiled along dim 1 (dim 0 if 1-D) by factor = footprint / available memory, its
+    producers fused; repeat with a bigger factor while max-over-fused-ops / factor still does
+    not fit. Available memory = the innermost level (the seed's on-chip memory). Fused ops are
+    never tiled again (the seed's multi-consumer TODO, kept on purpose: this is the baseline)."""
+    avail = innermost_memory(hardware)
+    fused: set[int] = set()
+    groups: list[Group] = []
+    notes: list[str] = []
+    for uid in _post_order(graph):
+        if uid in fused:
+            continue
+        op = graph.op(uid)
+        footprint = _fuse_group_footprint(graph, uid, shapes) if op.fuse_groups else op_bytes(op, shapes)
+        if footprint <= avail or op.kind == "fill" and not op.fuse_groups:
+            continue
+        ranges = shapes.loop_ranges(op)
+        if not ranges:
+            continue
+        dim = 1 if len(ranges) > 1 else 0
+        producers = sorted(u for u in graph.upstream(uid) if u not in fused)
+        # tileConsumerAndFuseProducersUsingSCF fuses what it can: drop producers MLIR's rules reject.
+        fuse = producers
+        if not _fits_group(graph, uid, fuse, [0] * dim + [1] + [0] * (len(ranges) - dim - 1)):
+            direct = [e.producer for e in graph.edges_into(uid) if not e.via and e.producer not in fused]
+            fuse = sorted(set(direct) | {v for d in direct for v in graph.upstream(d) if v not in fused})
+            if not _fits_group(graph, uid, fuse, [0] * dim + [1] + [0] * (len(ranges) - dim - 1)):
+                fuse = []
+        factor = math.ceil(footprint / avail)
+        biggest = max([op_bytes(graph.op(u), shapes) for u in [uid, *fuse]] + [footprint])
+        while True:
+            tile = max(1, math.ceil(ranges[dim] / factor))
+            if biggest / factor <= avail or tile == 1:
+                break
+            factor = max(factor + 1, math.ceil(biggest / avail))
+        if tile >= ranges[dim]:
+            continue
+        if biggest / factor > avail:
+            notes.append(f"super tiling: op {uid} still does not fit with tile 1 on dim {dim}")
+        sizes = [0] * len(ranges)
+        sizes[dim] = tile
+        members = {uid, *fuse}
+        shared = [u for u in fuse if any(c not in members for c in graph.op(u).consumers)]
+        # scf.for, as the seed's tileConsumerAndFuseProducersUsingSCF; but MLIR aborts fusing a
+        # producer with outside uses into scf.for, so those groups use scf.forall.
+        loop = "forall" if shared and graph.op(uid).iterator_types[dim] == "parallel" else "for"
+        if shared and loop == "for":
+            fuse = [u for u in fuse if u not in shared]
+        groups.append(Group(anchor=uid, fuse=fuse, levels=[Level(tile_sizes=sizes, loop=loop)]))
+        fused.update(fuse)
+        fused.add(uid)
+    return Plan(groups=groups), notes
