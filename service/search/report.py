@@ -1,0 +1,59 @@
+"""Presenting a TuneResult: text summary lines and the files `tilesearch tune --out DIR` writes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from service.ir.analysis import analyze
+from service.ir.plan import Plan
+from service.ir.transform import apply_plan
+
+from .engine import TuneResult
+
+
+def _ms(latency: float | None) -> str:
+    return "n/a" if latency is None else f"{latency * 1e3:.3f} ms"
+
+
+def summary_lines(result: TuneResult) -> list[str]:
+    base = result.baseline or {}
+    best = result.predicted.get("latency_s")
+    lines = [
+        f"best plan ({result.strategy}, seed {result.seed}): {json.dumps(result.plan)}",
+        f"predicted: {_ms(best)}  feasible={result.feasible}  bound by {result.predicted.get('bound_by', '?')}",
+        f"super tiling baseline: {_ms(base.get('latency_s'))}  feasible={base.get('feasible')}"
+        + (f"  ({base.get('reason')})" if base.get("reason") else ""),
+    ]
+    if best and base.get("latency_s"):
+        lines.append(f"speedup over super tiling (predicted): {base['latency_s'] / best:.2f}x")
+    lines.append(
+        f"evaluated {result.evaluations} candidates in {result.elapsed_s:.1f} s "
+        f"({result.evaluations_per_s:.0f}/s), space {result.space_size}"
+        + ("" if result.complete else "  [time budget hit: search incomplete]")
+    )
+    for b in result.dispatch or []:
+        lines.append(f"dispatch {b['dim']} in ({b['min_exclusive']}, {b['max_inclusive']}]: plan {b['plan_hash']} (bucket {b['bucket']})")
+    if not result.feasible:
+        lines.append("NO FEASIBLE PLAN: " + "; ".join(result.predicted.get("reasons", [])))
+    return lines
+
+
+def write_outputs(result: TuneResult, source: str, out_dir: Path) -> list[Path]:
+    """plan.json, result.json, and for a non-empty plan transform.mlir + tiled.mlir."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    (out_dir / "plan.json").write_text(json.dumps(result.plan, indent=2) + "\n")
+    written.append(out_dir / "plan.json")
+    (out_dir / "result.json").write_text(result.model_dump_json(indent=2, exclude={"trials"}) + "\n")
+    written.append(out_dir / "result.json")
+    (out_dir / "trials.json").write_text(json.dumps([t.model_dump(exclude={"cost"}) for t in result.trials], indent=1) + "\n")
+    written.append(out_dir / "trials.json")
+    plan = Plan.model_validate(result.plan)
+    if plan.groups:
+        a = analyze(source)
+        applied = apply_plan(a.tagged, plan, a.graph)
+        (out_dir / "transform.mlir").write_text(applied.script)
+        (out_dir / "tiled.mlir").write_text(str(applied.module) + "\n")
+        written += [out_dir / "transform.mlir", out_dir / "tiled.mlir"]
+    return written
