@@ -290,5 +290,60 @@ def cost_cmd(
         console.print(f"note: {line}")
 
 
+@app.command("tune")
+def tune_cmd(
+    file: Path = typer.Argument(..., exists=True, dir_okay=False, help="MLIR module"),
+    hardware: str = typer.Option("host-cpu", "--hardware", help="hardware profile name"),
+    budget: int = typer.Option(300, "--budget", min=1, help="distinct plans to evaluate"),
+    seconds: float | None = typer.Option(None, "--seconds", help="wall-clock limit"),
+    strategy: str = typer.Option("tpe", "--strategy", help="tpe | nsga2 | random | exhaustive | supertiling"),
+    seed: int = typer.Option(0, "--seed"),
+    as_json: bool = typer.Option(False, "--json", help="print JSON"),
+    out: Path | None = typer.Option(None, "--out", help="write plan.json, transform.mlir, tiled.mlir here"),
+    shape_hint: list[str] = typer.Option([], "--shape-hint", help="dynamic shapes, e.g. arg0=128x1024"),
+    bucket: list[str] = typer.Option([], "--bucket", help="per-bucket plans, e.g. M=1,16,128,1024"),
+    workers: int = typer.Option(2, "--workers", min=1, help="evaluation processes"),
+) -> None:
+    """Search tile-and-fuse plans; prints the best, its predicted cost and the super-tiling baseline."""
+    import json
+
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from service.hardware.profiles import UnknownHardwareError, get_profile
+    from service.ir.errors import IRError
+    from service.search.engine import tune
+    from service.search.report import summary_lines, write_outputs
+
+    try:
+        hw = get_profile(hardware)
+    except UnknownHardwareError as exc:
+        raise _ir_failure(exc) from None
+    source = _read_module(file)
+    columns = (TextColumn("searching"), BarColumn(), MofNCompleteColumn(), TextColumn("best {task.fields[best]}"), TimeElapsedColumn())
+    with Progress(*columns, transient=True, disable=as_json or not sys.stderr.isatty(), console=None) as bar:
+        task = bar.add_task("tune", total=budget, best="-")
+
+        def progress(done: int, total: int, best: float | None) -> None:
+            bar.update(task, completed=min(done, total), best=f"{best * 1e3:.3f} ms" if best else "-")
+
+        try:
+            result = tune(source, hw, budget=budget, seconds=seconds, strategy=strategy, seed=seed,
+                          shape_hints=shape_hint, buckets=bucket, workers=workers, progress=progress)
+        except (IRError, ValueError) as exc:
+            raise _ir_failure(exc) from None
+    written = write_outputs(result, source, out) if out else []
+    if as_json:
+        typer.echo(json.dumps(result.summary(), indent=2))
+        return
+    for w in result.warnings:
+        typer.echo(f"warning: {w}", err=True)
+    for line in summary_lines(result):
+        typer.echo(line)
+    for path in written:
+        typer.echo(f"wrote {path}")
+    if not result.feasible:
+        raise typer.Exit(3)
+
+
 if __name__ == "__main__":
     app()
