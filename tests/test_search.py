@@ -1,0 +1,137 @@
+"""Search: determinism, fuse groups, multi-consumer producers, feasibility, dynamic shapes, budgets."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from service.hardware.model import MemoryLevel
+from service.hardware.profiles import get_profile
+from service.ir.analysis import analyze
+from service.ir.plan import Plan
+from service.search.engine import tune
+from service.search.space import build_space
+from service.search.strategies import supertiling_plan
+
+WORKLOADS = Path(__file__).resolve().parents[2] / "shared" / "workloads"
+if not WORKLOADS.exists():
+    WORKLOADS = Path("/work/shared/workloads")
+
+
+def source(name: str) -> str:
+    return (WORKLOADS / f"{name}.mlir").read_text()
+
+
+@pytest.fixture(scope="module")
+def host():
+    return get_profile("host-cpu")
+
+
+def evaluated_plans(result) -> list[Plan]:
+    return [Plan.model_validate(t.plan) for t in result.trials if t.plan is not None]
+
+
+def test_same_seed_same_search(host):
+    runs = [tune(source("matmul_1024"), host, budget=16, strategy="tpe", seed=7, workers=1) for _ in range(2)]
+    assert [t.plan_hash for t in runs[0].trials] == [t.plan_hash for t in runs[1].trials]
+    assert runs[0].plan == runs[1].plan
+    other = tune(source("matmul_1024"), host, budget=16, strategy="tpe", seed=8, workers=1)
+    assert [t.plan_hash for t in other.trials] != [t.plan_hash for t in runs[0].trials]
+
+
+def test_process_pool_does_not_change_the_search(host):
+    # Results are told in suggestion order, so the pool's completion order does not matter.
+    pooled = tune(source("matmul_1024"), host, budget=12, strategy="random", seed=1, workers=2)
+    serial = tune(source("matmul_1024"), host, budget=12, strategy="random", seed=1, workers=1)
+    assert [t.plan_hash for t in pooled.trials] == [t.plan_hash for t in serial.trials]
+    assert pooled.plan == serial.plan and pooled.evaluations == serial.evaluations
+
+
+def test_identical_candidates_evaluated_once(host):
+    r = tune(source("softmax"), host, budget=20, strategy="random", seed=0, workers=1)
+    hashes = [t.plan_hash for t in r.trials if t.plan_hash and not t.cached]
+    assert len(hashes) == len(set(hashes)) == r.evaluations
+
+
+def test_fuse_groups_never_split(host):
+    graph = analyze(source("fuse_group")).graph
+    members = set(graph.fuse_groups[1])
+    space = build_space(graph, host)
+    assert any(set([g.anchor, *g.fixed]) >= members for g in space.groups)
+    r = tune(source("fuse_group"), host, budget=20, strategy="tpe", seed=0, workers=1)
+    for plan in evaluated_plans(r) + [Plan.model_validate(r.plan)]:
+        for g in plan.groups:
+            inside = members & set(g.members)
+            assert not inside or inside == members, plan.canonical_json()
+    assert r.feasible
+
+
+def test_multi_consumer_producer_is_tiled_or_charged(host):
+    graph = analyze(source("multi_consumer")).graph
+    space = build_space(graph, host)
+    grp = next(g for g in space.groups if 0 in g.optional)
+    assert grp.outside_consumers[0] == [1]
+    assert any("also feeds" in n for n in grp.notes)
+    r = tune(source("multi_consumer"), host, budget=20, strategy="tpe", seed=0, workers=1)
+    costed = [t for t in r.trials if t.stage == "cost" and t.plan and t.plan["groups"]]
+    assert costed
+    for t in costed:
+        owner = [g for g in t.plan["groups"] if 0 in [g["anchor"], *g["fuse"]]]
+        # Never silently ignored: op 0 is in a group; fused next to an outside consumer its
+        # full-size result is charged (recompute and/or un-fused bytes).
+        assert owner, t.plan
+        g = owner[0]
+        if g["anchor"] != 0 and 1 not in [g["anchor"], *g["fuse"]]:
+            assert t.cost["recompute_flops"] > 0 or t.cost["unfused_intermediate_bytes"] > 0
+
+
+def test_supertiling_baseline_is_scored(host):
+    graph = analyze(source("matmul_1024")).graph
+    plan, _ = supertiling_plan(graph, host, build_space(graph, host).shapes)
+    assert [g.anchor for g in plan.groups] == [1]
+    assert plan.groups[0].levels[0].tile_sizes[0] == 0 and plan.groups[0].levels[0].tile_sizes[1] > 0
+    r = tune(source("matmul_1024"), host, budget=10, strategy="supertiling", workers=1)
+    assert r.baseline["latency_s"] and r.baseline["plan"] == r.trials[0].plan
+
+
+def test_feasible_plan_found_when_untiled_is_not():
+    npu = get_profile("npu-sram-256k")
+    r = tune(source("matmul_1024"), npu, budget=24, strategy="tpe", seed=0, workers=1)
+    assert not r.untiled["feasible"]
+    assert r.feasible and r.plan["groups"]
+
+
+def test_says_so_when_nothing_is_feasible():
+    npu = get_profile("npu-sram-256k")
+    tiny = npu.model_copy(update={"memory_levels": [
+        npu.memory_levels[0],
+        MemoryLevel(name="SRAM", capacity_bytes=64, bandwidth_bytes_per_s=512e9, shared=True, scratchpad=True),
+    ]})
+    r = tune(source("matmul_1024"), tiny, budget=8, strategy="random", seed=0, workers=1)
+    assert not r.feasible
+    assert any("no feasible plan" in w for w in r.warnings)
+    assert r.summary()["predicted"]["feasible"] is False
+
+
+def test_dynamic_shapes_without_hints_warn(host):
+    r = tune(source("dynamic_matmul"), host, budget=8, strategy="random", workers=1)
+    assert any("no shape hints" in w and "128" in w for w in r.warnings)
+    assert r.plan["groups"]
+
+
+def test_dynamic_shapes_with_hint_and_buckets(host):
+    r = tune(source("dynamic_matmul"), host, budget=8, strategy="random", workers=1, shape_hints=["arg0=512x1024"])
+    assert r.shape_hints == {"arg0": [512, 1024]}
+    assert not any("no shape hints" in w for w in r.warnings)
+    b = tune(source("dynamic_matmul"), host, budget=16, strategy="random", workers=1, buckets=["M=16,1024"])
+    assert [x.value for x in b.buckets] == [16, 1024]
+    assert [x.shape_hints["arg0"][0] for x in b.buckets] == [16, 1024]
+    assert [(d["min_exclusive"], d["max_inclusive"]) for d in b.dispatch] == [(None, 16), (16, None)]
+
+
+def test_one_second_budget_returns_a_plan(host):
+    r = tune(source("mlp_chain"), host, budget=100000, seconds=1.0, strategy="tpe", workers=2)
+    assert r.plan["groups"] and r.feasible
+    assert not r.complete
+    assert r.elapsed_s < 10
