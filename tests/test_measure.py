@@ -146,3 +146,23 @@ def test_large_vector_tile_is_a_recorded_failure():
     assert not m.ok
     assert m.median_s is None
     assert "large vector sizes" in m.error
+
+
+@pytest.mark.slow
+def test_cli_measure_prints_forced_and_default_medians(tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from service.cli import app
+
+    module = tmp_path / "mm.mlir"
+    module.write_text(TINY_MATMUL)
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps(matmul_plan([32, 32, 0], [8, 16, 0], [0, 0, 16])))
+    args = ["measure", str(module), "--plan", str(plan), "--repetitions", "2", "--min-time", "0.02"]
+    result = CliRunner().invoke(app, [*args, "--json"])
+    assert result.exit_code == 0, result.output
+    payload = json.loads(result.output)
+    assert payload["forced"]["ok"] and payload["default"]["ok"]
+    assert payload["speedup_over_default"] > 0
