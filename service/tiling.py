@@ -1,0 +1,207 @@
+"""The tiling use case: MLIR module + hardware in, a stored decision out.
+
+    analyse (sandbox) -> decision key -> claim (single-flight through the DB)
+      hit:  the stored decision, no search
+      miss: warm-start plans from group records -> search + realise (sandbox) -> store
+
+Plain library code: the API, the CLI and workers call `TilingService.decide`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from sqlalchemy.orm import Session, sessionmaker
+
+from service.config import Settings
+from service.hardware.model import HardwareModel
+from service.hardware.profiles import UnknownHardwareError, get_profile, list_profiles
+from service.ir.mlir import provider_version
+from service.ir.sandbox import Sandbox, result_of
+from service.search.space import SPACE_VERSION
+from service.store import repo
+from service.store.db import session_scope
+from service.store.models import Decision
+
+Strategy = Literal["tpe", "nsga2", "random", "exhaustive", "supertiling"]
+CacheState = Literal["hit", "warm", "miss"]
+
+
+class TilingRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    module: str = Field(description="MLIR module text")
+    hardware: str | HardwareModel = Field(description="a hardware profile name or an inline model")
+    budget: int = Field(default=64, ge=1, le=5000, description="distinct plans to evaluate")
+    seconds: float | None = Field(default=None, gt=0, le=3600, description="search time limit")
+    strategy: Strategy = "tpe"
+    seed: int = Field(default=0, ge=0, le=2**31 - 1)
+    shape_hints: dict[str, list[int]] | None = Field(default=None, description='e.g. {"arg0": [128, 1024]}')
+    buckets: dict[str, list[int]] | None = Field(default=None, description='e.g. {"arg0.0": [1, 16, 128]}')
+    reuse: bool = Field(default=True, description="serve a stored decision / warm-start from stored groups")
+    objective: Literal["latency"] = "latency"
+
+
+@dataclass
+class TilingOutcome:
+    decision: Decision
+    cache: CacheState
+    timings: dict[str, float]
+
+
+class PoolSaturated(Exception):
+    """Every MLIR worker is busy and the queue is full: retry after `retry_after_s`."""
+
+    def __init__(self, retry_after_s: int) -> None:
+        super().__init__(f"all MLIR workers are busy; retry in {retry_after_s} s")
+        self.retry_after_s = retry_after_s
+
+
+class SearchFailed(Exception):
+    """The search itself failed on an input that parsed (recorded on the decision)."""
+
+
+# --------------------------------------------------------------------------- hardware
+
+
+def resolve_hardware(session: Session, spec: str | HardwareModel) -> HardwareModel:
+    """An inline model as given; a name: a stored custom model, else a built-in profile."""
+    if isinstance(spec, HardwareModel):
+        return spec
+    stored = repo.get_hardware_by_name(session, spec)
+    if stored is not None:
+        return HardwareModel.model_validate(stored.spec)
+    return get_profile(spec)
+
+
+def known_hardware_names(session: Session) -> list[str]:
+    return sorted({p.name for p in list_profiles()} | {h.name for h in repo.list_hardware(session)})
+
+
+# --------------------------------------------------------------------------- service
+
+
+def _shape_bucket(request: TilingRequest) -> str:
+    return json.dumps({"hints": request.shape_hints or {}, "buckets": request.buckets or {}}, sort_keys=True)
+
+
+class TilingService:
+    """Decisions for requests, shared across threads of one process (the sandbox is its pool)."""
+
+    def __init__(self, sessions: sessionmaker[Session], sandbox: Sandbox, settings: Settings) -> None:
+        self.sessions = sessions
+        self.sandbox = sandbox
+        self.settings = settings
+        self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self._in_flight = 0
+        # Queue at most one waiting task per worker; beyond that a client is told to retry.
+        self.capacity = sandbox.workers * 2
+
+    # -- sandbox with back-pressure
+    def _run(self, fn, *args, timeout: float):
+        if self._in_flight >= self.capacity:
+            raise PoolSaturated(retry_after_s=max(1, int(timeout // 4)))
+        self._in_flight += 1
+        try:
+            return result_of(self.sandbox.submit(fn, *args, timeout=timeout), timeout)
+        finally:
+            self._in_flight -= 1
+
+    def decide(self, request: TilingRequest) -> TilingOutcome:
+        from service.search.tasks import analyse_request, search_and_realise
+
+        timings: dict[str, float] = {}
+        t0 = time.perf_counter()
+        with session_scope(self.sessions) as session:
+            hardware = resolve_hardware(session, request.hardware)
+        limit = self.settings.request_timeout_s
+        info = self._run(analyse_request, request.module, self.settings.max_ops, timeout=limit)
+        timings["analyse_s"] = time.perf_counter() - t0
+        parts = repo.DecisionKeyParts(
+            module_fingerprint=info["fingerprint"],
+            hardware_hash=hardware.content_hash(),
+            search_space_version=SPACE_VERSION,
+            objective=request.objective,
+            shape_bucket=_shape_bucket(request),
+            provider_version=provider_version(),
+        )
+        if not request.reuse:
+            # A fresh search is asked for: key it apart so it never serves nor replaces the cache.
+            parts = repo.DecisionKeyParts(**{**parts.as_dict(), "objective": f"{request.objective}+fresh:{uuid.uuid4().hex}"})
+        claim = repo.claim_or_wait(self.sessions, parts, self.owner, lease_s=limit * 2, timeout_s=limit * 2)
+        if claim.outcome is repo.ClaimOutcome.HIT:
+            timings["total_s"] = time.perf_counter() - t0
+            return TilingOutcome(claim.decision, "hit", timings)
+        if not claim.owned:
+            raise PoolSaturated(retry_after_s=max(1, int(limit // 4)))
+
+        decision_id = claim.decision.id
+        try:
+            warm = self._warm_start_plans(info["groups"], hardware) if request.reuse else []
+            seconds = min(request.seconds or limit * 0.8, limit * 0.8)
+            t1 = time.perf_counter()
+            result = self._run(
+                search_and_realise,
+                request.module,
+                hardware.model_dump_json(),
+                {
+                    "budget": request.budget,
+                    "seconds": seconds,
+                    "strategy": request.strategy,
+                    "seed": request.seed,
+                    "shape_hints": request.shape_hints,
+                    "buckets": request.buckets,
+                    "warm_start_groups": warm,
+                },
+                timeout=limit,
+            )
+            timings["search_s"] = time.perf_counter() - t1
+        except BaseException as exc:
+            with session_scope(self.sessions) as session:
+                repo.fail_decision(session, decision_id, self.owner, f"{type(exc).__name__}: {exc}")
+            raise
+        cache: CacheState = "warm" if warm else "miss"
+        timings["total_s"] = time.perf_counter() - t0
+        with session_scope(self.sessions) as session:
+            repo.upsert_module(session, info["fingerprint"], request.module, {"ops": info["ops"]})
+            repo.upsert_hardware(session, hardware.content_hash(), hardware.name, hardware.model_dump(mode="json"))
+            stats = result["search_stats"] | {"cache": cache, "warm_start_groups": [w["signature"] for w in warm]}
+            decision = repo.complete_decision(
+                session,
+                decision_id,
+                self.owner,
+                repo.DecisionResult(
+                    plan=result["plan"],
+                    predicted_cost=result["predicted"],
+                    baseline=result["baseline"],
+                    transform_script=result["transform_script"],
+                    tiled_module=result["tiled_module"],
+                    compilation_info=result["compilation_info"],
+                    origin_map=result["origin"],
+                    search_stats=stats,
+                    timings=timings,
+                ),
+            )
+            if decision is None:  # lease lost to another owner: serve theirs
+                decision = repo.get_decision(session, decision_id)
+            repo.save_trials(session, decision_id, [repo.TrialRecord(**t) for t in result["trials"]])
+            for group in result["group_records"]:
+                repo.record_group_best(session, hardware_hash=hardware.content_hash(), decision_id=decision_id, **group)
+        return TilingOutcome(decision, cache, timings)
+
+    def _warm_start_plans(self, groups: list[dict], hardware: HardwareModel) -> list[dict]:
+        """Stored best plans of groups seen before; the worker translates them to this module."""
+        signatures = {g["signature"]: g for g in groups}
+        with session_scope(self.sessions) as session:
+            known = repo.best_group_plans(session, signatures, hardware.content_hash())
+            return [
+                {"signature": sig, "anchor": signatures[sig]["anchor"], "relative": record.plan}
+                for sig, record in known.items()
+            ]
