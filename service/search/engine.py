@@ -58,8 +58,11 @@ def peak_footprint(cost) -> int:
     return max((lv.footprint_bytes for lv in levels), default=0)
 
 
-def evaluate_plans(source: str, hardware_json: str, shape_hints: dict, plans: list[dict]) -> list[dict]:
-    """Apply each plan to a clone and score it. Runs in a worker; text and JSON in and out."""
+def evaluate_plans(source: str, hardware_json: str, shape_hints: dict, plans: list[dict], exact: bool = False) -> list[dict]:
+    """Apply each plan to a clone and score it. Runs in a worker; text and JSON in and out.
+
+    exact=False skips the cost model's pass over the untiled original, which only refines the
+    recompute_flops breakdown (latency and feasibility are the same) and doubles the cost."""
     from service.hardware.cost import estimate_cost
     from service.ir.mlir import context
     from service.ir.transform import apply_plan
@@ -76,7 +79,7 @@ def evaluate_plans(source: str, hardware_json: str, shape_hints: dict, plans: li
                 tiled = applied.module
             else:
                 applied, tiled = None, a.tagged
-            cost = estimate_cost(tiled, hw, shape_hints or None, original=a.tagged)
+            cost = estimate_cost(tiled, hw, shape_hints or None, original=a.tagged if exact else None)
             if applied is not None:
                 with context():
                     applied.module.operation.erase()
@@ -192,6 +195,16 @@ class Evaluator:
             except Exception as exc:  # a worker crash or timeout costs these plans, not the search
                 out += [{"stage": "rejected", "reason": f"evaluation failed: {type(exc).__name__}: {exc}"}] * len(c)
         return out
+
+    def rescore(self, ev: Evaluation) -> Evaluation:
+        """The full breakdown (exact recompute flops) for a plan worth reporting."""
+        if ev.plan is None or ev.stage != "cost":
+            return ev
+        if self.sandbox is None:
+            r = evaluate_plans(self.source, self.hardware_json, self.hints, [ev.plan], True)[0]
+        else:
+            r = self.sandbox.submit(evaluate_plans, self.source, self.hardware_json, self.hints, [ev.plan], True, timeout=_TASK_TIMEOUT_S).result()[0]
+        return ev.model_copy(update={"cost": r.get("cost", ev.cost)})
 
     def evaluate(self, items: list[tuple[Candidate, Plan | str]]) -> list[Evaluation]:
         """Evaluations in the order given; pruned (str) and cached plans cost nothing."""
@@ -392,10 +405,12 @@ def _search(
             final = plan_of(context) if context else Plan()
             if not isinstance(final, str):
                 record(evaluator.evaluate([(Candidate(params={}, source=strategy), final)]))
+        search_s = max(time.perf_counter() - t_search, 1e-9)
+        best = evaluator.rescore(best)
+        baseline_ev = evaluator.rescore(baseline_ev)
     finally:
         evaluator.close()
     elapsed = time.perf_counter() - t_start
-    search_s = max(time.perf_counter() - t_search, 1e-9)
     assert best is not None  # the untiled module always evaluates
     if not best.feasible:
         warnings.append("no feasible plan found: every evaluated candidate breaks a hardware limit; the least bad is returned (see predicted.reasons)")

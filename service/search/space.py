@@ -237,8 +237,9 @@ def _pow2_upto(limit: int, start: int = 1) -> list[int]:
     return out
 
 
-def outer_sizes(extent: int, min_size: int = 8, max_choices: int = 9) -> list[int]:
+def outer_sizes(extent: int, min_size: int = 32, max_choices: int = 6) -> list[int]:
     """0 (untiled) + powers of two and divisors of the extent below it, largest kept first."""
+    min_size = min(min_size, max(1, extent // 4))  # small dims still get a few choices
     sizes = {s for s in _pow2_upto(extent, min_size)}
     sizes |= {d for d in range(min_size, extent) if extent % d == 0 and (extent // d) <= 64}
     ordered = sorted(sizes)
@@ -249,12 +250,12 @@ def outer_sizes(extent: int, min_size: int = 8, max_choices: int = 9) -> list[in
 
 def inner_sizes(extent: int, vector_elems: int, innermost: bool) -> list[int]:
     """Register-level tiles: multiples of the vector width on the innermost dim, small elsewhere."""
-    cands = [vector_elems * m for m in (1, 2, 4)] if innermost else [1, 2, 4, 8]
+    cands = [vector_elems * m for m in (1, 2)] if innermost else [4, 8]
     return [0, *[s for s in cands if s < extent]]
 
 
 def reduction_sizes(extent: int) -> list[int]:
-    return [0, *[s for s in _pow2_upto(extent, 4) if s <= 256]]
+    return [0, *[s for s in _pow2_upto(extent, 8) if s <= 128]]
 
 
 # --------------------------------------------------------------------------- building the space

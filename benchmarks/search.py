@@ -1,0 +1,164 @@
+"""Search benchmarks: throughput, quality vs budget, searched vs super tiling, measured vs IREE.
+
+    python benchmarks/search.py                 # throughput, quality, vs super tiling
+    python benchmarks/search.py --measure       # + IREE-measured plans vs IREE default (slow)
+    python benchmarks/search.py --only throughput
+
+Prints markdown tables (pasted into README.md, "Search benchmarks"). Uses the host-cpu
+profile and 2 worker processes. Exhaustive optima are cached in benchmarks/.search_cache.json
+(keyed by workload text, hardware hash and space version) since they take minutes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import logging
+import math
+import sys
+import time
+import warnings
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from service.hardware.profiles import get_profile  # noqa: E402
+from service.search.engine import tune  # noqa: E402
+from service.search.space import SPACE_VERSION  # noqa: E402
+
+WORKLOADS = ROOT.parent / "shared" / "workloads"
+CACHE = ROOT / "benchmarks" / ".search_cache.json"
+ALL = ["matmul_1024", "mlp_chain", "fuse_group", "attention_scores", "conv_relu", "softmax", "multi_consumer", "reshape_chain", "dynamic_matmul"]
+QUALITY = ["matmul_1024", "mlp_chain"]
+CONTRACTIONS = ["matmul_1024", "mlp_chain", "fuse_group", "attention_scores"]
+
+
+def src(name: str) -> str:
+    return (WORKLOADS / f"{name}.mlir").read_text()
+
+
+def ms(x: float | None) -> str:
+    return "n/a" if x is None else f"{x * 1e3:.3f}"
+
+
+def table(headers: list[str], rows: list[list]) -> str:
+    out = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    out += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
+    return "\n".join(out)
+
+
+def throughput(hw, budget: int) -> str:
+    rows = []
+    for name in ALL:
+        r = tune(src(name), hw, budget=budget, strategy="random", seed=0, workers=2)
+        t = tune(src(name), hw, budget=budget, strategy="tpe", seed=0, workers=2)
+        rows.append([name, len(r.groups), r.space_size, r.evaluations, f"{r.evaluations_per_s:.0f}", f"{t.evaluations_per_s:.0f}"])
+        print(f"  throughput {name}: {r.evaluations_per_s:.0f}/s random, {t.evaluations_per_s:.0f}/s tpe", file=sys.stderr)
+    return table(["workload", "groups", "space", "evals", "evals/s (random)", "evals/s (tpe)"], rows)
+
+
+def _cache() -> dict:
+    return json.loads(CACHE.read_text()) if CACHE.exists() else {}
+
+
+def exhaustive_optimum(name: str, hw) -> tuple[float, int]:
+    key = hashlib.sha256((src(name) + hw.content_hash() + SPACE_VERSION).encode()).hexdigest()[:16]
+    cache = _cache()
+    if key in cache:
+        return cache[key]["latency_s"], cache[key]["evaluations"]
+    r = tune(src(name), hw, budget=10**6, strategy="exhaustive", seed=0, workers=2)
+    cache[key] = {"workload": name, "latency_s": r.predicted["latency_s"], "evaluations": r.evaluations}
+    CACHE.write_text(json.dumps(cache, indent=1))
+    return r.predicted["latency_s"], r.evaluations
+
+
+def quality(hw, seeds: int) -> str:
+    rows = []
+    for name in QUALITY:
+        opt, n_opt = exhaustive_optimum(name, hw)
+        print(f"  exhaustive {name}: {ms(opt)} ms after {n_opt} evaluations", file=sys.stderr)
+        for strategy in ("tpe", "random", "exhaustive"):
+            cells = []
+            for budget in (50, 100, 300):
+                runs = [tune(src(name), hw, budget=budget, strategy=strategy, seed=s, workers=2) for s in range(seeds if strategy != "exhaustive" else 1)]
+                lat = sorted(r.predicted["latency_s"] for r in runs)[len(runs) // 2]  # median over seeds
+                cells.append(f"{ms(lat)} ({(lat / opt - 1) * 100:+.1f}%)")
+            rows.append([name, strategy, *cells, f"{ms(opt)} ({n_opt} evals)"])
+            print(f"  quality {name} {strategy}: {cells}", file=sys.stderr)
+    return table(["workload", "strategy", "50", "100", "300", "exhaustive optimum"], rows)
+
+
+def versus_supertiling(hw, budget: int) -> tuple[str, dict]:
+    rows, plans = [], {}
+    ratios = []
+    for name in ALL:
+        r = tune(src(name), hw, budget=budget, strategy="tpe", seed=0, workers=2)
+        base = r.baseline.get("latency_s")
+        best = r.predicted["latency_s"]
+        ratio = base / best if base and best else None
+        if ratio:
+            ratios.append(ratio)
+        plans[name] = r.plan
+        rows.append([name, ms(best), r.feasible, ms(base), f"{ratio:.2f}x" if ratio else "n/a", ms(r.untiled.get("latency_s"))])
+    geo = math.exp(sum(math.log(x) for x in ratios) / len(ratios)) if ratios else float("nan")
+    rows.append(["geomean", "", "", "", f"{geo:.2f}x", ""])
+    return table(["workload", f"searched ms (tpe, {budget})", "feasible", "super tiling ms", "speedup", "untiled ms"], rows), plans
+
+
+def measured(plans: dict) -> str:
+    from service.measure.iree import BenchSettings, NotMeasurable, measure_plan_and_default
+
+    rows, ratios = [], []
+    for name in CONTRACTIONS:
+        plan = plans.get(name)
+        if not plan or not plan.get("groups"):
+            rows.append([name, "no plan", "", ""])
+            continue
+        try:
+            c = measure_plan_and_default(src(name), plan, settings=BenchSettings(repetitions=5, min_time_s=0.1))
+        except NotMeasurable as exc:
+            rows.append([name, f"not measurable: {exc.reason}", "", ""])
+            continue
+        sp = c.speedup_over_default
+        if sp:
+            ratios.append(sp)
+        f = c.forced.median_s if c.forced.ok else None
+        rows.append([name, ms(f) if f else f"FAILED {c.forced.error}"[:80], ms(c.default.median_s), f"{sp:.2f}x" if sp else "n/a"])
+        print(f"  measured {name}: {rows[-1]}", file=sys.stderr)
+    geo = math.exp(sum(math.log(x) for x in ratios) / len(ratios)) if ratios else float("nan")
+    rows.append(["geomean", "", "", f"{geo:.2f}x"])
+    return table(["workload", "searched plan ms (IREE, forced)", "IREE default ms", "speedup"], rows)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--only", choices=["throughput", "quality", "baseline"], default=None)
+    ap.add_argument("--measure", action="store_true", help="compile and time plans with IREE (slow)")
+    ap.add_argument("--budget", type=int, default=300, help="budget for the vs-baseline table")
+    ap.add_argument("--seeds", type=int, default=3, help="seeds per TPE/random quality cell (median)")
+    args = ap.parse_args()
+    warnings.filterwarnings("ignore")
+    logging.disable(logging.WARNING)
+    hw = get_profile("host-cpu")
+    t0 = time.time()
+    print(f"host-cpu ({hw.compute.cores} cores), 2 worker processes, space {SPACE_VERSION}\n")
+    if args.only in (None, "throughput"):
+        print("### Evaluations per second (budget 200, random and TPE)\n")
+        print(throughput(hw, 200) + "\n")
+    if args.only in (None, "quality"):
+        print(f"### Best predicted latency (ms) vs budget, median of {args.seeds} seeds; % over the exhaustive optimum\n")
+        print(quality(hw, args.seeds) + "\n")
+    if args.only in (None, "baseline") or args.measure:
+        text, plans = versus_supertiling(hw, args.budget)
+        print(f"### Searched (TPE, budget {args.budget}) vs super tiling (seed 000), predicted\n")
+        print(text + "\n")
+        if args.measure:
+            print("### Measured on this CPU with IREE: searched plan forced vs IREE's default\n")
+            print(measured(plans) + "\n")
+    print(f"(total {time.time() - t0:.0f} s)")
+
+
+if __name__ == "__main__":
+    main()
