@@ -1,0 +1,84 @@
+"""The tiling use case over a real store (SQLite and PostgreSQL) and a real MLIR sandbox."""
+
+from __future__ import annotations
+
+import pytest
+from sqlalchemy import func, select
+
+from _shared import workload
+from service.config import Settings
+from service.ir.errors import MLIRSyntaxError
+from service.ir.sandbox import Sandbox
+from service.store.models import Decision, DecisionStatus, GroupRecord, Trial
+from service.tiling import TilingRequest, TilingService
+
+
+@pytest.fixture(scope="module")
+def sandbox():
+    with Sandbox(workers=2) as sb:
+        yield sb
+
+
+@pytest.fixture
+def service(sessions, migrated_url, sandbox, tmp_path, monkeypatch) -> TilingService:
+    monkeypatch.setenv("TILESEARCH_HARDWARE_DIR", str(tmp_path / "hardware"))
+    return TilingService(sessions, sandbox, Settings(database_url=migrated_url, request_timeout_s=60))
+
+
+def _count(sessions, model) -> int:
+    with sessions() as s:
+        return s.scalar(select(func.count()).select_from(model))
+
+
+def test_miss_then_hit_serves_the_stored_decision(service, sessions) -> None:
+    request = TilingRequest(module=workload("matmul_1024"), hardware="host-cpu", budget=12, seed=3)
+    first = service.decide(request)
+    assert first.cache == "miss"
+    assert first.decision.status == DecisionStatus.DONE
+    assert first.decision.plan["groups"] and first.decision.tiled_module and "scf.forall" in first.decision.tiled_module
+    assert "@__transform_main" in first.decision.transform_script
+    assert first.decision.compilation_info["1"]["compilation_info"].startswith("#iree_codegen.compilation_info<")
+    trials = _count(sessions, Trial)
+    # every evaluated plan is stored, plus the super-tiling baseline and rejected candidates
+    assert trials >= first.decision.search_stats["evaluations"] > 0
+
+    renamed = workload("matmul_1024").replace("@matmul_1024", "@other_name").replace("%a", "%lhs")
+    second = service.decide(request.model_copy(update={"module": renamed}))
+    assert second.cache == "hit" and second.decision.id == first.decision.id
+    assert "search_s" not in second.timings
+    assert _count(sessions, Trial) == trials and _count(sessions, Decision) == 1
+
+
+def test_reuse_false_searches_again(service, sessions) -> None:
+    request = TilingRequest(module=workload("matmul_1024"), hardware="host-cpu", budget=6)
+    a = service.decide(request)
+    b = service.decide(request.model_copy(update={"reuse": False}))
+    assert b.cache == "miss" and b.decision.id != a.decision.id
+    assert service.decide(request).decision.id == a.decision.id  # the cached one is untouched
+
+
+def test_related_module_starts_warm_from_group_records(service, sessions) -> None:
+    base = workload("mlp_chain")
+    first = service.decide(TilingRequest(module=base, hardware="host-cpu", budget=16))
+    assert first.cache == "miss"
+    assert _count(sessions, GroupRecord) >= 1
+    # same matmul group, a different op at the end of the chain: not a hit, but warm
+    related = base.replace("arith.maximumf %v, %zero", "arith.minimumf %v, %zero")
+    second = service.decide(TilingRequest(module=related, hardware="host-cpu", budget=16))
+    assert second.cache == "warm" and second.decision.id != first.decision.id
+    assert second.decision.search_stats["warm_start_groups"]
+
+
+def test_bad_module_is_a_typed_error_and_stores_nothing(service, sessions) -> None:
+    with pytest.raises(MLIRSyntaxError) as err:
+        service.decide(TilingRequest(module="func.func @f( {", hardware="host-cpu"))
+    assert err.value.diagnostics[0].line == 1
+    assert _count(sessions, Decision) == 0
+
+
+def test_hardware_changes_the_decision(service) -> None:
+    module = workload("matmul_1024")
+    cpu = service.decide(TilingRequest(module=module, hardware="host-cpu", budget=8))
+    npu = service.decide(TilingRequest(module=module, hardware="npu-sram-256k", budget=8))
+    assert cpu.decision.id != npu.decision.id
+    assert npu.decision.hardware_hash != cpu.decision.hardware_hash
