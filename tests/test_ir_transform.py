@@ -9,7 +9,7 @@ import pytest
 from _shared import CORPUS, workload
 from service.ir.analysis import analyze
 from service.ir.errors import MLIRSyntaxError, PlanError
-from service.ir.graph import _walk_ops, uid_of
+from service.ir.graph import walk_ops, uid_of
 from service.ir.mlir import context, ir, tool_path
 from service.ir.plan import Plan
 from service.ir.transform import apply_plan
@@ -52,7 +52,7 @@ def test_multi_level_plan_applies_and_fuses(name: str) -> None:
     levels_used = {name.split(".")[1] for name in anchor_loops}
     assert levels_used == {f"l{i}" for i in range(len(group.levels))}
     # the tiled module holds scf loops and no un-tiled copy of the anchor
-    names = {op.name for op in _walk_ops(applied.module.operation)}
+    names = {op.name for op in walk_ops(applied.module.operation)}
     assert {"scf.forall", "scf.for"} <= names
     assert not applied.origin.copies(group.anchor).outside
 
@@ -82,7 +82,7 @@ def test_script_replays_with_iree_opt(name: str, tmp_path) -> None:
 
 def _slices_of_function_arg(module, arg_number: int) -> list[list[int]]:
     sizes = []
-    for op in _walk_ops(module.operation):
+    for op in walk_ops(module.operation):
         if op.name != "tensor.extract_slice":
             continue
         src = op.operands[0]
@@ -107,7 +107,7 @@ def test_multi_consumer_leaves_the_producer_for_the_unfused_consumer() -> None:
     exp = applied.origin.copies(0)
     assert exp.inside and exp.outside  # recomputed inside %b's loop AND still standing for %c
     assert not applied.origin.copies(3).inside  # %c is not tiled
-    reduction = next(op for op in _walk_ops(applied.module.operation) if uid_of(op) == 3)
+    reduction = next(op for op in walk_ops(applied.module.operation) if uid_of(op) == 3)
     producer = reduction.operands[0].owner
     assert uid_of(producer) == 0 and producer.parent.name == "func.func"
     assert applied.origin.to_json()["0"]["outside"] is True
@@ -134,7 +134,7 @@ def test_reshape_producer_fusion_works_across_expand_shape() -> None:
     applied = apply_plan(a.tagged, plan(1, [0], ([8, 32, 0], "forall")), a.graph)
     neg = applied.origin.copies(0)
     assert neg.inside and not neg.outside  # no full-size %neg left: fused through the reshape
-    expands = [op for op in _walk_ops(applied.module.operation) if op.name == "tensor.expand_shape"]
+    expands = [op for op in walk_ops(applied.module.operation) if op.name == "tensor.expand_shape"]
     assert expands and all(op.parent.name == "scf.forall" for op in expands)
 
 

@@ -151,7 +151,7 @@ class OpGraph:
 # --------------------------------------------------------------------------- tagging
 
 
-def _walk_ops(root: ir.Operation) -> list[ir.Operation]:
+def walk_ops(root: ir.Operation) -> list[ir.Operation]:
     ops: list[ir.Operation] = []
 
     def visit(op: ir.Operation) -> ir.WalkResult:
@@ -170,7 +170,7 @@ def tag_tileable_ops(module: ir.Module) -> ir.OpView:
     """
     with context():
         tagged = module.operation.clone()
-        for op in _walk_ops(tagged.operation):
+        for op in walk_ops(tagged.operation):
             for name in [n for n in attribute_names(op) if n.startswith("ts.")]:
                 del op.attributes[name]
         script = ir.Module.parse(_FIND_TILEABLE)
@@ -179,7 +179,7 @@ def tag_tileable_ops(module: ir.Module) -> ir.OpView:
         )
         uid = 0
         i64 = ir.IntegerType.get_signless(64)
-        for op in _walk_ops(tagged.operation):
+        for op in walk_ops(tagged.operation):
             if TILEABLE_MARK in op.attributes:
                 del op.attributes[TILEABLE_MARK]
                 op.attributes[UID_ATTR] = ir.IntegerAttr.get(i64, uid)
@@ -458,7 +458,7 @@ def build_graph(tagged: ir.Module | ir.OpView) -> OpGraph:
     with context():
         ops: dict[int, TileableOp] = {}
         handles: dict[int, ir.Operation] = {}
-        for op in _walk_ops(tagged.operation):
+        for op in walk_ops(tagged.operation):
             uid = uid_of(op)
             if uid is None:
                 continue

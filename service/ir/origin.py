@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .graph import OpGraph, _walk_ops, uid_of
+from .graph import OpGraph, walk_ops, uid_of
 from .mlir import context, ir
 
 LOOP_ATTR = "ts.loop"
@@ -73,7 +73,7 @@ def _enclosing_loops(op: ir.Operation) -> list[str]:
 def origin_map(tiled: ir.Module | ir.OpView, graph: OpGraph) -> OriginMap:
     with context():
         result = {uid: OpCopies(uid, op.name) for uid, op in graph.ops.items()}
-        for op in _walk_ops(tiled.operation):
+        for op in walk_ops(tiled.operation):
             uid = uid_of(op)
             if uid is None or uid not in result:
                 continue

@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass, field
 
 from .errors import PlanError
-from .graph import UID_ATTR, OpGraph, build_graph, tag_tileable_ops, uid_of, _walk_ops
+from .graph import UID_ATTR, OpGraph, build_graph, tag_tileable_ops, uid_of, walk_ops
 from .mlir import context, ir, transform_interpreter
 from .origin import LOOP_ATTR, OriginMap, origin_map
 from .errors import Diagnostic
@@ -366,7 +366,7 @@ def transform_script(graph: OpGraph, plan: Plan) -> tuple[str, list[GroupLayout]
 
 
 def is_tagged(module: ir.Module | ir.OpView) -> bool:
-    return any(uid_of(op) is not None for op in _walk_ops(module.operation))
+    return any(uid_of(op) is not None for op in walk_ops(module.operation))
 
 
 class ScriptFailed(Exception):
