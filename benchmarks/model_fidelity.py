@@ -1,7 +1,9 @@
 """How well does the cost model rank real tilings? Measured (IREE on this CPU) vs predicted.
 
 For every contraction / convolution workload in the workloads dir: >= 20 plans IREE accepts,
-spanning bad to good, each measured (median of repetitions, cached in var/measure) and predicted.
+spanning bad to good, each measured and predicted. Each plan is timed in alternating rounds with
+IREE's default and rescaled by it (the machine is shared; see calibrate.normalize_to_default);
+measurements are cached in var/measure, so a rerun only re-predicts.
 Per workload: Spearman rho and Kendall tau between predicted and measured latency, top-1 regret
 (measured latency of the model's pick / best measured), and the model's pick vs IREE's default.
 
@@ -37,31 +39,37 @@ from service.measure.calibrate import (  # noqa: E402
     fit_calibration,
     iree_config_of,
     load_contraction_workloads,
-    measure_cached,
+    measure_paired_cached,
+    normalize_to_default,
     sample_plans,
     with_calibration,
 )
 from service.measure.iree import BenchSettings, NotMeasurable  # noqa: E402
 
 SETTINGS = BenchSettings(repetitions=3, min_time_s=0.05)  # same as calibrate: shares the cache
+# (3 alternating rounds of plan / IREE default per plan)
 
 
 def measured_samples(w: ContractionWorkload, want: int, cache: MeasurementCache, log) -> list[Sample]:
-    """`want` plans that IREE compiled and ran (samples more when some fail)."""
+    """`want` plans that IREE compiled and ran, each timed paired with IREE's default (samples
+    more when some fail), normalized by the paired default (calibrate.normalize_to_default)."""
     samples: list[Sample] = []
     for plan in sample_plans(w, want + 8):
-        if len([s for s in samples if s.measured_s]) >= want:
+        if len([s for s in samples if s.raw_s]) >= want:
             break
         try:
-            m = measure_cached(w.text, plan, SETTINGS, cache)
+            forced, default = measure_paired_cached(w.text, plan, SETTINGS, cache)
         except NotMeasurable as exc:
             samples.append(Sample(workload=w.name, plan=plan, error=exc.reason))
             continue
-        samples.append(Sample(workload=w.name, plan=plan, measured_s=m.median_s if m.ok else None, error=m.error))
+        ok = forced.ok and default.ok
+        samples.append(Sample(workload=w.name, plan=plan, raw_s=forced.median_s if ok else None,
+                              default_s=default.median_s if ok else None, error=forced.error or default.error))
         c = iree_config_of(w, plan)
         log(f"  {w.name} {c.distribution} {c.vector_common_parallel} {c.vector_reduction}: "
-            f"{m.median_s * 1e3:.2f} ms" if m.ok else f"  {w.name}: failed {m.error}")
-    return samples
+            + (f"{forced.median_s * 1e3:.2f} ms, default {default.median_s * 1e3:.2f} ms" if ok
+               else f"failed {forced.error or default.error}"))
+    return normalize_to_default(samples)
 
 
 def ranking(samples: list[Sample], predicted: list[float], default_s: float | None) -> dict:
@@ -101,8 +109,9 @@ def main() -> None:
     for w in workloads:
         log(f"measuring {w.name}")
         samples[w.name] = [s for s in measured_samples(w, args.plans, cache, log) if s.measured_s]
-        d = measure_cached(w.text, None, SETTINGS, cache)
-        defaults[w.name] = d.median_s if d.ok else None
+        # IREE's default: the median of its timings paired with each plan (same load as them).
+        paired = [s.default_s for s in samples[w.name] if s.default_s]
+        defaults[w.name] = statistics.median(paired) if paired else None
 
     predictor = Predictor(workloads)
     all_samples = [s for ss in samples.values() for s in ss]

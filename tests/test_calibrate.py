@@ -98,3 +98,18 @@ def test_fast_rescaled_prediction_equals_the_full_estimate(workloads):
     for plan in sample_plans(w, 4):
         fast, exact = predictor.latency_s(w.name, plan, hw), predictor.exact_latency_s(w.name, plan, hw)
         assert fast == pytest.approx(exact, rel=1e-9)
+
+
+def test_paired_default_normalization_removes_a_load_burst():
+    from service.measure.calibrate import normalize_to_default
+
+    # Same plan quality (plan = 0.5 x default); the second pair was timed under 2x load.
+    samples = [
+        Sample(workload="w", plan={"p": 1}, raw_s=0.010, default_s=0.020),
+        Sample(workload="w", plan={"p": 2}, raw_s=0.020, default_s=0.040),
+        Sample(workload="w", plan={"p": 3}, raw_s=0.015, default_s=0.020),
+    ]
+    out = normalize_to_default(samples)
+    assert out[0].measured_s == pytest.approx(out[1].measured_s)
+    assert out[2].measured_s > out[0].measured_s
+    assert out[0].raw_s == 0.010  # what was timed stays on record

@@ -15,6 +15,7 @@ from __future__ import annotations
 import itertools
 import math
 import random
+import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +36,7 @@ from .iree import (
     lowering_config_from_levels,
     measure_default,
     measure_plan,
+    measure_plan_and_default,
     vector_tile_elements,
 )
 
@@ -198,9 +200,14 @@ def sample_plans(w: ContractionWorkload, count: int, seed: int = 0) -> list[dict
 
 
 class Sample(BaseModel):
+    """One plan on one workload. `measured_s` is the plan's median rescaled by its paired IREE
+    default (see measure_samples); `raw_s` and `default_s` are the medians as timed."""
+
     workload: str
     plan: dict
     measured_s: float | None = None
+    raw_s: float | None = None
+    default_s: float | None = None
     error: str | None = None
 
 
@@ -216,6 +223,40 @@ def measure_cached(text: str, plan: dict | None, settings: BenchSettings,
     return result
 
 
+def measure_paired_cached(text: str, plan: dict, settings: BenchSettings,
+                          cache: MeasurementCache) -> tuple[Measurement, Measurement]:
+    """The plan and IREE's default timed in alternating rounds (cached as a pair)."""
+    key = measurement_key(text, {"paired_with_default": plan}, settings)
+    forced, default = cache.get(key), cache.get(key + ":default")
+    if forced is not None and default is not None:
+        return forced, default
+    result = measure_plan_and_default(text, plan, settings=settings)
+    cache.put(key, result.forced)
+    cache.put(key + ":default", result.default)
+    return result.forced, result.default
+
+
+def normalize_to_default(samples: Sequence[Sample]) -> list[Sample]:
+    """Rescale each plan's time by (workload's median default / its paired default).
+
+    The machine is shared: a plan timed during someone else's test run is slower for reasons
+    unrelated to the plan. IREE's default, timed in the same rounds, sees the same load, so the
+    ratio plan/default is the load-independent quantity; it is put back in seconds with the
+    workload's median default.
+    """
+    reference: dict[str, float] = {}
+    for name in {s.workload for s in samples}:
+        defaults = [s.default_s for s in samples if s.workload == name and s.default_s]
+        if defaults:
+            reference[name] = statistics.median(defaults)
+    out = []
+    for s in samples:
+        if s.raw_s and s.default_s and s.workload in reference:
+            s = s.model_copy(update={"measured_s": s.raw_s / s.default_s * reference[s.workload]})
+        out.append(s)
+    return out
+
+
 def measure_samples(
     workloads: Sequence[ContractionWorkload],
     plans_per_workload: int,
@@ -223,18 +264,23 @@ def measure_samples(
     cache: MeasurementCache,
     progress: Callable[[str], None] = lambda _: None,
 ) -> list[Sample]:
+    """Each sampled plan timed paired with IREE's default, then normalized (see above)."""
     samples = []
     for w in workloads:
         for i, plan in enumerate(sample_plans(w, plans_per_workload)):
             try:
-                m = measure_cached(w.text, plan, settings, cache)
+                forced, default = measure_paired_cached(w.text, plan, settings, cache)
             except NotMeasurable as exc:
                 samples.append(Sample(workload=w.name, plan=plan, error=exc.reason))
                 continue
-            samples.append(Sample(workload=w.name, plan=plan, measured_s=m.median_s if m.ok else None,
-                                  error=m.error))
-            progress(f"{w.name} plan {i + 1}: {m.median_s if m.ok else m.error}")
-    return samples
+            samples.append(Sample(workload=w.name, plan=plan,
+                                  raw_s=forced.median_s if forced.ok else None,
+                                  default_s=default.median_s if default.ok else None,
+                                  error=forced.error or default.error))
+            progress(f"{w.name} plan {i + 1}/{plans_per_workload}: "
+                     + (f"{forced.median_s * 1e3:.2f} ms (default {default.median_s * 1e3:.2f} ms)"
+                        if forced.ok and default.ok else f"failed: {forced.error or default.error}"))
+    return normalize_to_default(samples)
 
 
 @dataclass
