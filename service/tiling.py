@@ -9,11 +9,14 @@ Plain library code: the API, the CLI and workers call `TilingService.decide`.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import socket
+import threading
 import time
 import uuid
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -82,7 +85,8 @@ def resolve_hardware(session: Session, spec: str | HardwareModel) -> HardwareMod
 
 
 def known_hardware_names(session: Session) -> list[str]:
-    return sorted({p.name for p in list_profiles()} | {h.name for h in repo.list_hardware(session)})
+    # list_profiles() returns names (str).
+    return sorted(set(list_profiles()) | {h.name for h in repo.list_hardware(session)})
 
 
 # --------------------------------------------------------------------------- service
@@ -103,6 +107,12 @@ class TilingService:
         self._in_flight = 0
         # Queue at most one waiting task per worker; beyond that a client is told to retry.
         self.capacity = sandbox.workers * 2
+        # Sandbox analyses by module text: a repeated request (the cache-hit path) needs no
+        # worker, and concurrent identical requests share one analysis instead of saturating
+        # the pool. Values are the worker's JSON answer, so nothing MLIR lives in this process.
+        self._analyses: OrderedDict[tuple[str, int], dict] = OrderedDict()
+        self._analysing: dict[tuple[str, int], threading.Event] = {}
+        self._analyses_lock = threading.Lock()
 
     # -- sandbox with back-pressure
     def _run(self, fn, *args, timeout: float):
@@ -115,14 +125,14 @@ class TilingService:
             self._in_flight -= 1
 
     def decide(self, request: TilingRequest) -> TilingOutcome:
-        from service.search.tasks import analyse_request, search_and_realise
+        from service.search.tasks import search_and_realise
 
         timings: dict[str, float] = {}
         t0 = time.perf_counter()
         with session_scope(self.sessions) as session:
             hardware = resolve_hardware(session, request.hardware)
         limit = self.settings.request_timeout_s
-        info = self._run(analyse_request, request.module, self.settings.max_ops, timeout=limit)
+        info = self._analyse(request.module, timeout=limit)
         timings["analyse_s"] = time.perf_counter() - t0
         parts = repo.DecisionKeyParts(
             module_fingerprint=info["fingerprint"],
@@ -195,6 +205,35 @@ class TilingService:
             for group in result["group_records"]:
                 repo.record_group_best(session, hardware_hash=hardware.content_hash(), decision_id=decision_id, **group)
         return TilingOutcome(decision, cache, timings)
+
+    _ANALYSES_KEPT = 256
+
+    def _analyse(self, module: str, *, timeout: float) -> dict:
+        """`analyse_request` in the sandbox, once per module text at a time (errors are not kept)."""
+        from service.search.tasks import analyse_request
+
+        key = (hashlib.sha256(module.encode("utf-8", "surrogatepass")).hexdigest(), self.settings.max_ops)
+        while True:
+            with self._analyses_lock:
+                if key in self._analyses:
+                    self._analyses.move_to_end(key)
+                    return self._analyses[key]
+                running = self._analysing.get(key)
+                if running is None:
+                    running = self._analysing[key] = threading.Event()
+                    break
+            running.wait(timeout)  # then look again: done, or failed and ours to retry
+        try:
+            info = self._run(analyse_request, module, self.settings.max_ops, timeout=timeout)
+            with self._analyses_lock:
+                self._analyses[key] = info
+                if len(self._analyses) > self._ANALYSES_KEPT:
+                    self._analyses.popitem(last=False)
+            return info
+        finally:
+            with self._analyses_lock:
+                del self._analysing[key]
+            running.set()
 
     def _warm_start_plans(self, groups: list[dict], hardware: HardwareModel) -> list[dict]:
         """Stored best plans of groups seen before; the worker translates them to this module."""
