@@ -1,0 +1,84 @@
+"""The FastAPI app factory. `create_app()` wires settings, the store, ONE sandbox pool and the
+tiling service into `app.state` for the app's lifetime; routes only translate HTTP."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+from fastapi import FastAPI, Request
+from fastapi.responses import HTMLResponse
+from fastapi.templating import Jinja2Templates
+
+from service.api.errors import install_error_handlers
+from service.api.metrics import ApiMetrics
+from service.api.middleware import BodySizeLimit, RequestMetrics
+from service.api.routes import hardware, health, tilings
+from service.config import Settings, get_settings
+from service.ir.sandbox import Sandbox
+from service.store import repo
+from service.store.db import make_engine, make_sessionmaker, session_scope
+from service.tiling import TilingService
+
+_TEMPLATES = Jinja2Templates(directory=Path(__file__).parent / "templates")
+
+# Threads blocked in requests each may hold a connection (waiting on a single-flight owner,
+# reading a page); the threadpool has 40 by default.
+_DB_POOL = {"pool_size": 20, "max_overflow": 30}
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or get_settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        engine = make_engine(settings.database_url, **_DB_POOL)
+        sessions = make_sessionmaker(engine)
+        sandbox = Sandbox(settings.pool_workers, start_method="forkserver")
+        app.state.engine = engine
+        app.state.sessions = sessions
+        app.state.sandbox = sandbox
+        app.state.tiling = TilingService(sessions, sandbox, settings)
+        try:
+            yield
+        finally:
+            sandbox.close()
+            engine.dispose()
+
+    app = FastAPI(
+        title="tilesearch",
+        version="1",
+        summary="Tile-and-fuse decisions for MLIR tensor programs, searched once and stored.",
+        lifespan=lifespan,
+    )
+    app.state.settings = settings
+    app.state.metrics = metrics = ApiMetrics()
+    install_error_handlers(app)
+    for router in (tilings.router, hardware.router, health.router):
+        app.include_router(router)
+
+    @app.get("/", response_class=HTMLResponse, include_in_schema=False)
+    def index(request: Request) -> HTMLResponse:
+        """A small page of recent decisions."""
+        with session_scope(request.app.state.sessions) as session:
+            rows, _ = repo.list_decisions(session, limit=25)
+            decisions = [
+                {
+                    "id": r.id,
+                    "status": str(getattr(r.status, "value", r.status)),
+                    "fingerprint": r.module_fingerprint[:16],
+                    "hardware": r.hardware_hash,
+                    "latency_ms": (r.predicted_cost or {}).get("latency_s", 0) * 1e3 if r.predicted_cost else None,
+                    "evaluations": (r.search_stats or {}).get("evaluations"),
+                    "complete": (r.search_stats or {}).get("complete"),
+                    "created_at": r.created_at,
+                }
+                for r in rows
+            ]
+        return _TEMPLATES.TemplateResponse(request, "index.html", {"decisions": decisions})
+
+    # Outermost first at runtime: metrics see every request, including 413s.
+    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(RequestMetrics, metrics=metrics)
+    return app

@@ -1,0 +1,66 @@
+"""What each error a client can cause looks like on the wire. Every one is a 4xx (or a 503 for
+a full pool) with `{"detail": {"error", "message", ...}}` saying what to fix."""
+
+from __future__ import annotations
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+from service.hardware.profiles import UnknownHardwareError
+from service.ir.errors import IRError, ModuleTooLargeError
+from service.ir.sandbox import IRCrashError, IRTimeoutError
+from service.store.db import session_scope
+from service.store.repo import InvalidCursor
+from service.tiling import PoolSaturated, known_hardware_names
+
+
+def error_response(status: int, error: str, message: str, headers: dict[str, str] | None = None, **extra) -> JSONResponse:
+    detail = {"error": error, "message": message, **{k: v for k, v in extra.items() if v is not None}}
+    return JSONResponse({"detail": detail}, status_code=status, headers=headers)
+
+
+class ClientInputError(Exception):
+    """A request the service cannot act on (e.g. the search rejected its parameters): 422."""
+
+    def __init__(self, error: str, message: str) -> None:
+        super().__init__(message)
+        self.error = error
+        self.message = message
+
+
+def _ir_error(_request: Request, exc: IRError) -> JSONResponse:
+    body = exc.to_json()
+    if isinstance(exc, IRTimeoutError):
+        body["message"] = f"{exc}: simplify the module or split it"
+    elif isinstance(exc, IRCrashError):
+        body["message"] = f"the module crashed the MLIR compiler in a worker: {exc}"
+    elif isinstance(exc, ModuleTooLargeError):
+        body["limit"] = exc.limit
+    return JSONResponse({"detail": body}, status_code=422)
+
+
+def _unknown_hardware(request: Request, exc: UnknownHardwareError) -> JSONResponse:
+    with session_scope(request.app.state.sessions) as session:
+        known = known_hardware_names(session)
+    return error_response(404, "UnknownHardware", f"unknown hardware {exc.name!r}; known: {', '.join(known)}",
+                          known=known)
+
+
+def _pool_saturated(_request: Request, exc: PoolSaturated) -> JSONResponse:
+    return error_response(503, "PoolSaturated", str(exc), headers={"Retry-After": str(exc.retry_after_s)})
+
+
+def _invalid_cursor(_request: Request, exc: InvalidCursor) -> JSONResponse:
+    return error_response(422, "InvalidCursor", f"{exc}: pass back a next_cursor from a previous page")
+
+
+def _client_input(_request: Request, exc: ClientInputError) -> JSONResponse:
+    return error_response(422, exc.error, exc.message)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    app.add_exception_handler(IRError, _ir_error)
+    app.add_exception_handler(UnknownHardwareError, _unknown_hardware)
+    app.add_exception_handler(PoolSaturated, _pool_saturated)
+    app.add_exception_handler(InvalidCursor, _invalid_cursor)
+    app.add_exception_handler(ClientInputError, _client_input)

@@ -1,0 +1,93 @@
+"""/v1/tilings: ask for a decision, read stored ones and their trials."""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated
+
+from fastapi import APIRouter, HTTPException, Query
+
+from service.api.deps import DbSession, MetricsDep, TilingServiceDep, WriteAuth
+from service.api.errors import ClientInputError
+from service.api.schemas import DecisionOut, DecisionPage, DecisionSummary, ErrorBody, TilingRequest, TrialOut, TrialPage
+from service.hardware.profiles import UnknownHardwareError
+from service.ir.errors import IRError
+from service.store import repo
+from service.tiling import PoolSaturated, resolve_hardware
+
+router = APIRouter(prefix="/v1/tilings", tags=["tilings"])
+
+_HARDWARE_HASH = re.compile(r"[0-9a-f]{16}")
+_ERRORS = {
+    404: {"model": ErrorBody, "description": "unknown hardware or decision"},
+    422: {"model": ErrorBody, "description": "bad MLIR (with diagnostics), too many ops, bad parameters"},
+}
+
+
+# A plain `def`: FastAPI runs it in its threadpool, and `decide` blocks on the sandbox and the DB.
+@router.post("", response_model=DecisionOut, dependencies=[WriteAuth],
+             responses={**_ERRORS, 503: {"model": ErrorBody, "description": "pool saturated; see Retry-After"}})
+def create_tiling(body: TilingRequest, service: TilingServiceDep, metrics: MetricsDep) -> DecisionOut:
+    """The decision for a module on a hardware model: stored (hit) or searched (warm / miss)."""
+    try:
+        outcome = service.decide(body)
+    except (IRError, UnknownHardwareError, PoolSaturated) as exc:
+        metrics.tiling_errors.labels(type(exc).__name__).inc()
+        raise
+    except ValueError as exc:  # the search rejects parameters it cannot use (buckets, strategy)
+        metrics.tiling_errors.labels(type(exc).__name__).inc()
+        raise ClientInputError("InvalidSearchParameters", str(exc)) from None
+    metrics.observe_tiling(outcome)
+    return DecisionOut.from_row(outcome.decision, cache=outcome.cache, request_timings=outcome.timings)
+
+
+@router.get("", response_model=DecisionPage, responses=_ERRORS)
+def list_tilings(
+    session: DbSession,
+    fingerprint: Annotated[str | None, Query(max_length=128, description="module fingerprint")] = None,
+    hardware: Annotated[str | None, Query(max_length=200, description="hardware name or content hash")] = None,
+    limit: Annotated[int, Query(ge=1, le=repo.MAX_PAGE_SIZE)] = repo.DEFAULT_PAGE_SIZE,
+    cursor: Annotated[str | None, Query(max_length=200)] = None,
+) -> DecisionPage:
+    """Decisions newest first, one page; follow `next_cursor`."""
+    hardware_hash = _hardware_hash(session, hardware) if hardware is not None else None
+    rows, next_cursor = repo.list_decisions(
+        session, fingerprint=fingerprint, hardware_hash=hardware_hash, limit=limit, cursor=cursor
+    )
+    return DecisionPage(items=[DecisionSummary.from_row(r) for r in rows], next_cursor=next_cursor)
+
+
+@router.get("/{decision_id}", response_model=DecisionOut, responses=_ERRORS)
+def get_tiling(decision_id: int, session: DbSession) -> DecisionOut:
+    return DecisionOut.from_row(_decision_or_404(session, decision_id))
+
+
+@router.get("/{decision_id}/trials", response_model=TrialPage, responses=_ERRORS)
+def list_trials(
+    decision_id: int,
+    session: DbSession,
+    limit: Annotated[int, Query(ge=1, le=repo.MAX_PAGE_SIZE)] = 100,
+    cursor: Annotated[str | None, Query(max_length=200)] = None,
+) -> TrialPage:
+    """The plans a decision's search evaluated, by trial number."""
+    _decision_or_404(session, decision_id)
+    rows, next_cursor = repo.list_trials(session, decision_id, limit=limit, cursor=cursor)
+    return TrialPage(items=[TrialOut.from_row(r) for r in rows], next_cursor=next_cursor)
+
+
+def _decision_or_404(session, decision_id: int):
+    # Out-of-range ids cannot exist (and would overflow PostgreSQL's INTEGER).
+    row = repo.get_decision(session, decision_id) if 0 < decision_id < 2**31 else None
+    if row is None:
+        raise HTTPException(404, {"error": "NotFound", "message": f"no decision {decision_id}"})
+    return row
+
+
+def _hardware_hash(session, hardware: str) -> str:
+    """A name's content hash (stored or built-in model), or the argument itself if it is a hash."""
+    try:
+        return resolve_hardware(session, hardware).content_hash()
+    except UnknownHardwareError:
+        if _HARDWARE_HASH.fullmatch(hardware):
+            return hardware
+        raise

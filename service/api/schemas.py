@@ -1,0 +1,136 @@
+"""Request and response bodies of the HTTP API. Responses are built from ORM rows here, so no
+ORM object ever reaches the wire."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from service.hardware.model import HardwareModel
+from service.store.models import Decision, Trial
+from service.store.models import HardwareModel as HardwareRow
+from service.tiling import CacheState, TilingRequest
+
+__all__ = [
+    "TilingRequest",
+    "DecisionSummary",
+    "DecisionOut",
+    "DecisionPage",
+    "TrialOut",
+    "TrialPage",
+    "HardwareOut",
+    "HardwareList",
+    "Health",
+    "Readiness",
+    "ErrorBody",
+]
+
+
+# Response fields that are not ORM columns (computed, or about the request).
+_DERIVED = {"status", "complete", "cache", "request_timings"}
+
+
+class DecisionSummary(BaseModel):
+    """A decision without its large texts (list pages)."""
+
+    id: int
+    key: str
+    status: str
+    module_fingerprint: str
+    hardware_hash: str
+    search_space_version: str
+    objective: str
+    shape_bucket: str
+    provider_version: str
+    plan: Any | None = None
+    predicted_cost: dict[str, Any] | None = None
+    baseline: dict[str, Any] | None = None
+    complete: bool | None = Field(default=None, description="False when the search time limit cut the budget")
+    error: str | None = None
+    created_at: datetime
+    updated_at: datetime
+
+    @classmethod
+    def from_row(cls, row: Decision, **extra: Any) -> "DecisionSummary":
+        fields = {name: getattr(row, name) for name in cls.model_fields if name not in _DERIVED and hasattr(row, name)}
+        fields["status"] = str(getattr(row.status, "value", row.status))
+        fields["complete"] = (row.search_stats or {}).get("complete")
+        return cls(**fields, **extra)
+
+
+class DecisionOut(DecisionSummary):
+    """A whole decision: plan, costs, the transform script, the tiled module and provenance."""
+
+    cache: CacheState | None = Field(default=None, description="hit | warm | miss (POST only)")
+    transform_script: str | None = None
+    tiled_module: str | None = None
+    compilation_info: dict[str, Any] | None = Field(default=None, description="IREE compilation_info per anchor")
+    origin_map: dict[str, Any] | None = None
+    search_stats: dict[str, Any] | None = None
+    timings: dict[str, Any] | None = Field(default=None, description="timings of the search that made it")
+    request_timings: dict[str, float] | None = Field(default=None, description="timings of this request (POST only)")
+
+
+class DecisionPage(BaseModel):
+    items: list[DecisionSummary]
+    next_cursor: str | None = Field(description="pass as ?cursor= for the next page; null on the last")
+
+
+class TrialOut(BaseModel):
+    number: int
+    plan: Any
+    plan_hash: str
+    feasible: bool
+    cost: dict[str, Any] | None = None
+    latency_s: float | None = None
+    reason: str | None = None
+
+    @classmethod
+    def from_row(cls, row: Trial) -> "TrialOut":
+        return cls(**{name: getattr(row, name) for name in cls.model_fields})
+
+
+class TrialPage(BaseModel):
+    items: list[TrialOut]
+    next_cursor: str | None
+
+
+class HardwareOut(BaseModel):
+    name: str
+    hash: str
+    source: Literal["builtin", "stored"]
+    spec: HardwareModel
+
+    @classmethod
+    def from_model(cls, model: HardwareModel, source: Literal["builtin", "stored"]) -> "HardwareOut":
+        return cls(name=model.name, hash=model.content_hash(), source=source, spec=model)
+
+    @classmethod
+    def from_row(cls, row: HardwareRow) -> "HardwareOut":
+        return cls.from_model(HardwareModel.model_validate(row.spec), "stored")
+
+
+class HardwareList(BaseModel):
+    items: list[HardwareOut]
+
+
+class Health(BaseModel):
+    status: Literal["ok"]
+
+
+class Readiness(BaseModel):
+    ready: bool
+    detail: str
+
+
+class ErrorInfo(BaseModel):
+    error: str
+    message: str
+    diagnostics: list[dict[str, Any]] | None = None
+    known: list[str] | None = None
+
+
+class ErrorBody(BaseModel):
+    detail: ErrorInfo | str | list[Any]
