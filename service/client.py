@@ -1,0 +1,121 @@
+"""A small typed client for the tilesearch HTTP API (httpx).
+
+    with TilesearchClient("http://127.0.0.1:8000") as client:
+        decision = client.tile(open("model.mlir").read(), hardware="host-cpu", budget=64)
+        print(decision.cache, decision.plan, decision.predicted_cost["latency_s"])
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+
+from service.api.schemas import DecisionOut, DecisionPage, DecisionSummary, HardwareList, HardwareOut, TrialOut, TrialPage
+from service.hardware.model import HardwareModel
+
+
+class TilesearchError(Exception):
+    """A non-2xx answer; `detail` is the server's error body (error, message, diagnostics...)."""
+
+    def __init__(self, status_code: int, detail: Any) -> None:
+        self.status_code = status_code
+        self.detail = detail
+        message = detail.get("message", detail) if isinstance(detail, dict) else detail
+        super().__init__(f"HTTP {status_code}: {message}")
+
+
+class TilesearchClient:
+    def __init__(self, base_url: str, token: str | None = None, *, timeout: float = 300.0,
+                 retries_when_busy: int = 3) -> None:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._http = httpx.Client(base_url=base_url, headers=headers, timeout=timeout)
+        self.retries_when_busy = retries_when_busy
+
+    def tile(
+        self,
+        module: str,
+        hardware: str | HardwareModel = "host-cpu",
+        *,
+        budget: int = 64,
+        seconds: float | None = None,
+        strategy: str = "tpe",
+        seed: int = 0,
+        shape_hints: dict[str, list[int]] | None = None,
+        buckets: dict[str, list[int]] | None = None,
+        reuse: bool = True,
+    ) -> DecisionOut:
+        """The decision for `module` (stored, or searched now). 503s are retried after Retry-After."""
+        body = {
+            "module": module,
+            "hardware": hardware.model_dump(mode="json") if isinstance(hardware, HardwareModel) else hardware,
+            "budget": budget, "seconds": seconds, "strategy": strategy, "seed": seed,
+            "shape_hints": shape_hints, "buckets": buckets, "reuse": reuse,
+        }
+        for attempt in range(self.retries_when_busy + 1):
+            response = self._http.post("/v1/tilings", json=body)
+            if response.status_code != 503 or attempt == self.retries_when_busy:
+                break
+            time.sleep(float(response.headers.get("Retry-After", "1")))
+        return DecisionOut.model_validate(self._ok(response))
+
+    def get(self, decision_id: int) -> DecisionOut:
+        return DecisionOut.model_validate(self._ok(self._http.get(f"/v1/tilings/{decision_id}")))
+
+    def list(self, *, fingerprint: str | None = None, hardware: str | None = None, limit: int = 50,
+             cursor: str | None = None) -> DecisionPage:
+        params = {k: v for k, v in {"fingerprint": fingerprint, "hardware": hardware, "limit": limit,
+                                     "cursor": cursor}.items() if v is not None}
+        return DecisionPage.model_validate(self._ok(self._http.get("/v1/tilings", params=params)))
+
+    def iter_decisions(self, **filters: Any) -> Iterator[DecisionSummary]:
+        """Every decision matching the filters, following the cursors."""
+        cursor = None
+        while True:
+            page = self.list(cursor=cursor, **filters)
+            yield from page.items
+            if page.next_cursor is None:
+                return
+            cursor = page.next_cursor
+
+    def trials(self, decision_id: int, *, limit: int = 100, cursor: str | None = None) -> TrialPage:
+        params = {"limit": limit} | ({"cursor": cursor} if cursor else {})
+        return TrialPage.model_validate(self._ok(self._http.get(f"/v1/tilings/{decision_id}/trials", params=params)))
+
+    def all_trials(self, decision_id: int) -> list[TrialOut]:
+        out, cursor = [], None
+        while True:
+            page = self.trials(decision_id, limit=500, cursor=cursor)
+            out.extend(page.items)
+            if page.next_cursor is None:
+                return out
+            cursor = page.next_cursor
+
+    def hardware(self, name: str | None = None) -> list[HardwareOut] | HardwareOut:
+        """All hardware models, or the one named."""
+        if name is not None:
+            return HardwareOut.model_validate(self._ok(self._http.get(f"/v1/hardware/{name}")))
+        return HardwareList.model_validate(self._ok(self._http.get("/v1/hardware"))).items
+
+    def add_hardware(self, model: HardwareModel) -> HardwareOut:
+        return HardwareOut.model_validate(self._ok(self._http.post("/v1/hardware", json=model.model_dump(mode="json"))))
+
+    def _ok(self, response: httpx.Response) -> Any:
+        if response.is_success:
+            return response.json()
+        try:
+            detail = response.json().get("detail")
+        except ValueError:
+            detail = response.text
+        raise TilesearchError(response.status_code, detail)
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> "TilesearchClient":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
