@@ -303,9 +303,15 @@ def tune_cmd(
     shape_hint: list[str] = typer.Option([], "--shape-hint", help="dynamic shapes, e.g. arg0=128x1024"),
     bucket: list[str] = typer.Option([], "--bucket", help="per-bucket plans, e.g. M=1,16,128,1024"),
     workers: int = typer.Option(2, "--workers", min=1, help="evaluation processes"),
+    server: str | None = typer.Option(None, "--server", help="ask a tilesearch API (e.g. http://127.0.0.1:8000) instead of searching here"),
+    token: str | None = typer.Option(None, "--token", envvar="TILESEARCH_API_TOKEN", help="bearer token for --server"),
 ) -> None:
     """Search tile-and-fuse plans; prints the best, its predicted cost and the super-tiling baseline."""
     import json
+
+    if server is not None:
+        _tune_via_server(server, token, file, hardware, budget, seconds, strategy, seed, as_json, out, shape_hint, bucket)
+        return
 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -343,6 +349,66 @@ def tune_cmd(
         typer.echo(f"wrote {path}")
     if not result.feasible:
         raise typer.Exit(3)
+
+
+def _tune_via_server(server: str, token: str | None, file: Path, hardware: str, budget: int, seconds: float | None,
+                     strategy: str, seed: int, as_json: bool, out: Path | None, shape_hint: list[str],
+                     bucket: list[str]) -> None:
+    """`tune --server`: the same request through the API (stored decisions are reused there)."""
+    import json
+
+    import httpx
+
+    from service.client import TilesearchClient, TilesearchError
+    from service.search.engine import parse_buckets, parse_shape_hints
+
+    source = _read_module(file)
+    if isinstance(source, bytes):
+        raise _ir_failure(ValueError("--server takes MLIR text, not bytecode"))
+    try:
+        with TilesearchClient(server, token) as client:
+            decision = client.tile(source, hardware, budget=budget, seconds=seconds, strategy=strategy, seed=seed,
+                                   shape_hints=parse_shape_hints(shape_hint) or None,
+                                   buckets=parse_buckets(bucket) or None)
+    except (TilesearchError, ValueError) as exc:
+        raise _ir_failure(exc) from None
+    except httpx.HTTPError as exc:
+        typer.echo(f"error: cannot reach {server}: {exc}", err=True)
+        raise typer.Exit(1) from None
+    if out:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "plan.json").write_text(json.dumps(decision.plan, indent=2) + "\n")
+        (out / "decision.json").write_text(decision.model_dump_json(indent=2) + "\n")
+        for name, text in (("transform.mlir", decision.transform_script), ("tiled.mlir", decision.tiled_module)):
+            if text:
+                (out / name).write_text(text)
+    if as_json:
+        typer.echo(decision.model_dump_json(indent=2))
+        return
+    latency = (decision.predicted_cost or {}).get("latency_s")
+    base = (decision.baseline or {}).get("latency_s")
+    typer.echo(f"decision {decision.id} ({decision.cache}) from {server}")
+    typer.echo(f"plan: {json.dumps(decision.plan)}")
+    if latency is not None:
+        typer.echo(f"predicted: {latency * 1e3:.3f} ms" + (f"  (super-tiling baseline {base * 1e3:.3f} ms)" if base else ""))
+    if decision.complete is False:
+        typer.echo("note: the search time limit cut the budget (best plan so far)")
+    if out:
+        typer.echo(f"wrote {out}")
+
+
+@app.command("serve")
+def serve_cmd(
+    host: str = typer.Option("127.0.0.1", "--host", help="interface to bind"),
+    port: int = typer.Option(8000, "--port", min=1, max=65535),
+    workers: int = typer.Option(1, "--workers", min=1, help="API processes (each with its own MLIR worker pool)"),
+    log_level: str = typer.Option("info", "--log-level"),
+) -> None:
+    """Run the HTTP API (reads DATABASE_URL; run `tilesearch db upgrade` first)."""
+    import uvicorn
+
+    uvicorn.run("service.api.app:create_app", factory=True, host=host, port=port, workers=workers,
+                log_level=log_level)
 
 
 if __name__ == "__main__":
