@@ -3,6 +3,8 @@ a full pool) with `{"detail": {"error", "message", ...}}` saying what to fix."""
 
 from __future__ import annotations
 
+import logging
+
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
@@ -12,6 +14,8 @@ from service.ir.sandbox import IRCrashError, IRTimeoutError
 from service.store.db import session_scope
 from service.store.repo import InvalidCursor
 from service.tiling import PoolSaturated, known_hardware_names
+
+log = logging.getLogger("tilesearch.api")
 
 
 def error_response(status: int, error: str, message: str, headers: dict[str, str] | None = None, **extra) -> JSONResponse:
@@ -26,6 +30,23 @@ class ClientInputError(Exception):
         super().__init__(message)
         self.error = error
         self.message = message
+
+
+def worker_failure(exc: Exception) -> ClientInputError | None:
+    """An unexpected exception raised inside a sandbox worker while it worked on the client's
+    module (pebble attaches the worker's traceback as the cause). Like a worker crash, it costs
+    that request only: a 422 naming the failure, and an ERROR log with the remote traceback,
+    since it is a tilesearch bug to fix. None for anything raised in this process."""
+    from pebble.common.types import RemoteTraceback
+
+    if not isinstance(exc.__cause__, RemoteTraceback):
+        return None
+    log.error("tiling task failed in a worker: %s: %s\n%s", type(exc).__name__, exc, exc.__cause__)
+    return ClientInputError(
+        "TilingFailed",
+        f"tilesearch could not tile this module ({type(exc).__name__}: {exc}); the module is kept out of the "
+        "cache and the failure is logged for a fix",
+    )
 
 
 def _ir_error(_request: Request, exc: IRError) -> JSONResponse:

@@ -8,7 +8,7 @@ from typing import Annotated
 from fastapi import APIRouter, HTTPException, Query
 
 from service.api.deps import DbSession, MetricsDep, TilingServiceDep, WriteAuth
-from service.api.errors import ClientInputError
+from service.api.errors import ClientInputError, worker_failure
 from service.api.schemas import DecisionOut, DecisionPage, DecisionSummary, ErrorBody, TilingRequest, TrialOut, TrialPage
 from service.hardware.profiles import UnknownHardwareError
 from service.ir.errors import IRError
@@ -37,6 +37,12 @@ def create_tiling(body: TilingRequest, service: TilingServiceDep, metrics: Metri
     except ValueError as exc:  # the search rejects parameters it cannot use (buckets, strategy)
         metrics.tiling_errors.labels(type(exc).__name__).inc()
         raise ClientInputError("InvalidSearchParameters", str(exc)) from None
+    except Exception as exc:
+        failure = worker_failure(exc)
+        if failure is None:
+            raise  # our own fault (e.g. the database): a real 500
+        metrics.tiling_errors.labels(type(exc).__name__).inc()
+        raise failure from None
     metrics.observe_tiling(outcome)
     return DecisionOut.from_row(outcome.decision, cache=outcome.cache, request_timings=outcome.timings)
 
