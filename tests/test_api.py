@@ -1,0 +1,252 @@
+"""The HTTP API end to end (app factory + lifespan + real sandbox), on SQLite and PostgreSQL.
+
+Budgets stay small (4-16 plans): these tests check the API's contract, not search quality.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import warnings
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from fastapi.testclient import TestClient
+
+from service.api.app import create_app
+from service.config import Settings
+from tests._shared import CORPUS, workload
+
+MLP = workload("mlp_chain")
+MATMUL = workload("matmul_1024")
+# mlp_chain with another activation: a new module whose matmul group was seen (warm start).
+MLP_MIN = MLP.replace("arith.maximumf %v, %zero", "arith.minimumf %v, %zero")
+BAD_MLIR = "module {\n  func.func @f() {\n    %0 = arith.constant 1 : i32 garbage\n  }\n}\n"
+CUSTOM_HW = {
+    "name": "test-npu",
+    "memory_levels": [
+        {"name": "DRAM", "capacity_bytes": 1 << 30, "bandwidth_bytes_per_s": 5e10, "shared": True},
+        {"name": "SRAM", "capacity_bytes": 1 << 18, "bandwidth_bytes_per_s": 5e11, "scratchpad": True},
+    ],
+    "compute": {"peak_flops_per_s": {"f32": 1e12}, "cores": 4},
+}
+
+
+@pytest.fixture(autouse=True)
+def _hardware_dir(tmp_path, monkeypatch):
+    # No calibrated JSON profiles from the working tree: built-ins only.
+    monkeypatch.setenv("TILESEARCH_HARDWARE_DIR", str(tmp_path / "hardware"))
+
+
+def _client(url: str, **overrides) -> TestClient:
+    settings = Settings(database_url=url, request_timeout_s=60, pool_workers=overrides.pop("pool_workers", 2), **overrides)
+    return TestClient(create_app(settings))
+
+
+def _tile(client: TestClient, module: str, **extra):
+    return client.post("/v1/tilings", json={"module": module, "hardware": "host-cpu", "budget": 8, **extra})
+
+
+def _metric(text: str, name: str, **labels: str) -> float:
+    """The value of one sample in Prometheus text format (0 if absent)."""
+    want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+    for line in text.splitlines():
+        match = re.fullmatch(rf"{name}(?:\{{(.*)\}})? (\S+)", line)
+        if match and ",".join(sorted((match.group(1) or "").split(","))) == want:
+            return float(match.group(2))
+    return 0.0
+
+
+def test_tiling_miss_hit_warm_reads_and_errors(migrated_url):
+    with _client(migrated_url) as client:
+        # miss, then an exact hit: same decision, no search, no new trials
+        first = _tile(client, MLP)
+        assert first.status_code == 200, first.text
+        miss = first.json()
+        assert miss["cache"] == "miss" and miss["status"] == "done"
+        assert miss["plan"]["groups"] and miss["transform_script"] and miss["tiled_module"]
+        assert miss["predicted_cost"]["latency_s"] > 0 and miss["baseline"]["latency_s"] > 0
+        assert miss["complete"] is True and miss["search_stats"]["complete"] is True
+        assert miss["compilation_info"] is not None and miss["origin_map"] is not None
+        trials = client.get(f"/v1/tilings/{miss['id']}/trials", params={"limit": 500}).json()
+        assert trials["items"] and trials["next_cursor"] is None
+
+        hit = _tile(client, MLP).json()
+        assert (hit["cache"], hit["id"], hit["plan"]) == ("hit", miss["id"], miss["plan"])
+        assert "search_s" not in hit["request_timings"]
+        assert client.get(f"/v1/tilings/{miss['id']}/trials", params={"limit": 500}).json() == trials
+
+        # a structurally related module starts from the stored group best
+        warm = _tile(client, MLP_MIN).json()
+        assert warm["cache"] == "warm" and warm["id"] != miss["id"]
+        assert warm["search_stats"]["warm_start_groups"]
+
+        # reads
+        got = client.get(f"/v1/tilings/{miss['id']}").json()
+        assert got["id"] == miss["id"] and got["tiled_module"] == miss["tiled_module"] and got["cache"] is None
+        assert client.get("/v1/tilings/999999").status_code == 404
+        assert client.get("/v1/tilings/99999999999999").status_code == 404
+
+        # pagination: newest first, one per page, then the end
+        page1 = client.get("/v1/tilings", params={"limit": 1}).json()
+        assert [d["id"] for d in page1["items"]] == [warm["id"]] and page1["next_cursor"]
+        page2 = client.get("/v1/tilings", params={"limit": 1, "cursor": page1["next_cursor"]}).json()
+        assert [d["id"] for d in page2["items"]] == [miss["id"]] and page2["next_cursor"] is None
+        assert "tiled_module" not in page1["items"][0]  # list pages carry summaries
+        bad_cursor = client.get("/v1/tilings", params={"cursor": "not-a-cursor"})
+        assert bad_cursor.status_code == 422 and bad_cursor.json()["detail"]["error"] == "InvalidCursor"
+        assert client.get("/v1/tilings", params={"limit": 0}).status_code == 422
+
+        # filters: hardware by name or by hash, module fingerprint
+        by_name = client.get("/v1/tilings", params={"hardware": "host-cpu"}).json()["items"]
+        assert {d["id"] for d in by_name} == {miss["id"], warm["id"]}
+        by_hash = client.get("/v1/tilings", params={"hardware": miss["hardware_hash"]}).json()["items"]
+        assert {d["id"] for d in by_hash} == {miss["id"], warm["id"]}
+        assert client.get("/v1/tilings", params={"hardware": "gpu-h100"}).json()["items"] == []
+        assert client.get("/v1/tilings", params={"hardware": "no-such-hw"}).status_code == 404
+        by_fp = client.get("/v1/tilings", params={"fingerprint": miss["module_fingerprint"]}).json()["items"]
+        assert [d["id"] for d in by_fp] == [miss["id"]]
+
+        # trials pagination
+        t1 = client.get(f"/v1/tilings/{miss['id']}/trials", params={"limit": 2}).json()
+        t2 = client.get(f"/v1/tilings/{miss['id']}/trials", params={"limit": 2, "cursor": t1["next_cursor"]}).json()
+        assert [t["number"] for t in t1["items"] + t2["items"]] == [t["number"] for t in trials["items"][:4]]
+        assert client.get("/v1/tilings/999999/trials").status_code == 404
+
+        # bad MLIR: 422 with located diagnostics; the server still answers afterwards
+        bad = _tile(client, BAD_MLIR)
+        assert bad.status_code == 422
+        detail = bad.json()["detail"]
+        assert detail["error"] == "MLIRSyntaxError" and detail["message"]
+        assert detail["diagnostics"][0]["line"] == 3 and isinstance(detail["diagnostics"][0]["column"], int)
+        assert client.get("/healthz").json() == {"status": "ok"}
+        assert _tile(client, MLP).json()["cache"] == "hit"
+
+        # unknown hardware: 404 listing the known names
+        unknown = client.post("/v1/tilings", json={"module": MATMUL, "hardware": "tpu-v9"})
+        assert unknown.status_code == 404
+        assert "host-cpu" in unknown.json()["detail"]["known"] and "tpu-v9" in unknown.json()["detail"]["message"]
+        # the search rejects parameters it cannot use: 422, not 500
+        assert _tile(client, MATMUL, buckets={"a": [1, 2], "b": [3, 4]}).status_code == 422
+
+        # a stored custom model is usable by name and filters the list
+        hw = client.post("/v1/hardware", json=CUSTOM_HW)
+        assert hw.status_code == 201
+        on_custom = client.post("/v1/tilings", json={"module": MATMUL, "hardware": "test-npu", "budget": 4}).json()
+        assert on_custom["hardware_hash"] == hw.json()["hash"]
+        assert [d["id"] for d in client.get("/v1/tilings", params={"hardware": "test-npu"}).json()["items"]] == [on_custom["id"]]
+
+        # metrics moved
+        text = client.get("/metrics").text
+        assert _metric(text, "tilesearch_tilings_total", cache="hit") == 2
+        assert _metric(text, "tilesearch_tilings_total", cache="miss") == 2
+        assert _metric(text, "tilesearch_tilings_total", cache="warm") == 1
+        assert _metric(text, "tilesearch_searches_total") == 3
+        assert _metric(text, "tilesearch_evaluations_total") >= 3
+        assert _metric(text, "tilesearch_tiling_errors_total", error="MLIRSyntaxError") == 1
+        assert _metric(text, "tilesearch_http_request_duration_seconds_count", method="POST", route="/v1/tilings") >= 8
+        assert _metric(text, "tilesearch_http_requests_total", method="GET", route="/v1/tilings/{decision_id}", status="404") == 2
+
+        assert client.get("/").status_code == 200 and str(miss["id"]) in client.get("/").text
+
+
+def test_hardware_endpoints(migrated_url):
+    with _client(migrated_url) as client:
+        names = [h["name"] for h in client.get("/v1/hardware").json()["items"]]
+        assert {"host-cpu", "gpu-h100", "npu-sram-256k"} <= set(names)
+        assert client.get("/v1/hardware/gpu-h100").json()["source"] == "builtin"
+        missing = client.get("/v1/hardware/tpu-v9")
+        assert missing.status_code == 404 and "gpu-h100" in missing.json()["detail"]["known"]
+
+        created = client.post("/v1/hardware", json=CUSTOM_HW)
+        assert created.status_code == 201 and created.json()["source"] == "stored"
+        assert client.post("/v1/hardware", json=CUSTOM_HW).json()["hash"] == created.json()["hash"]  # idempotent
+        assert client.get("/v1/hardware/test-npu").json() == created.json()
+        assert "test-npu" in [h["name"] for h in client.get("/v1/hardware").json()["items"]]
+
+        inverted = {**CUSTOM_HW, "memory_levels": list(reversed(CUSTOM_HW["memory_levels"]))}
+        invalid = client.post("/v1/hardware", json=inverted)
+        assert invalid.status_code == 422 and "capacities grow inward" in json.dumps(invalid.json())
+        assert client.post("/v1/hardware", json={**CUSTOM_HW, "bogus": 1}).status_code == 422
+
+
+def test_health_and_readiness(database_url):
+    # not migrated: alive, not ready
+    with _client(database_url) as client:
+        assert client.get("/healthz").status_code == 200
+        not_ready = client.get("/readyz")
+        assert not_ready.status_code == 503 and not not_ready.json()["ready"]
+    from service.store import migrate
+
+    migrate.upgrade(database_url)
+    with _client(database_url) as client:
+        assert client.get("/readyz").json()["ready"] is True
+
+
+def test_token_required_on_writes_only(migrated_url):
+    with _client(migrated_url, api_token="s3cret") as client:
+        missing = client.post("/v1/hardware", json=CUSTOM_HW)
+        assert missing.status_code == 401 and missing.headers["WWW-Authenticate"].startswith("Bearer")
+        wrong = client.post("/v1/hardware", json=CUSTOM_HW, headers={"Authorization": "Bearer nope"})
+        assert wrong.status_code == 401
+        assert client.post("/v1/tilings", json={"module": MATMUL, "hardware": "host-cpu"}).status_code == 401
+        ok = client.post("/v1/hardware", json=CUSTOM_HW, headers={"Authorization": "Bearer s3cret"})
+        assert ok.status_code == 201
+        assert client.get("/v1/hardware/test-npu").status_code == 200  # reads stay open
+        assert client.get("/v1/tilings").status_code == 200
+
+
+def test_limits_body_size_and_op_count(migrated_url):
+    with _client(migrated_url, max_body_bytes=4096, max_ops=5, pool_workers=1) as client:
+        big = {"module": MLP * 5, "hardware": "host-cpu"}
+        declared = client.post("/v1/tilings", json=big)
+        assert declared.status_code == 413 and declared.json()["detail"]["error"] == "BodyTooLarge"
+        payload = json.dumps(big).encode()
+        chunks = (payload[i : i + 1000] for i in range(0, len(payload), 1000))  # chunked: no Content-Length
+        streamed = client.post("/v1/tilings", content=chunks, headers={"Content-Type": "application/json"})
+        assert streamed.status_code == 413
+
+        too_many = _tile(client, MLP)
+        assert too_many.status_code == 422
+        assert too_many.json()["detail"]["error"] == "ModuleTooLargeError"
+        assert "limit of 5" in too_many.json()["detail"]["message"]
+        assert client.get("/healthz").status_code == 200
+
+
+def test_concurrent_identical_requests_make_one_decision(migrated_url):
+    module = workload("fuse_group")
+    with _client(migrated_url) as client:
+        with ThreadPoolExecutor(50) as pool:
+            responses = list(pool.map(lambda _: _tile(client, module), range(50)))
+        assert [r.status_code for r in responses] == [200] * 50, {r.status_code: r.text for r in responses}
+        ids = {r.json()["id"] for r in responses}
+        assert len(ids) == 1
+        assert sorted(r.json()["cache"] for r in responses).count("miss") == 1
+        page = client.get("/v1/tilings", params={"limit": 100}).json()
+        assert [d["id"] for d in page["items"]] == list(ids)
+        text = client.get("/metrics").text
+        assert _metric(text, "tilesearch_searches_total") == 1
+
+
+def test_corpus_never_server_error(tmp_path):
+    from service.store import migrate
+
+    url = f"sqlite:///{tmp_path / 'corpus.db'}"
+    migrate.upgrade(url)
+    files = sorted(CORPUS.glob("*.mlir"))
+    assert files
+    statuses = {}
+    with _client(url) as client:
+        for path in files:
+            response = client.post("/v1/tilings", json={"module": path.read_text(), "hardware": "host-cpu", "budget": 4})
+            statuses[path.name] = response.status_code
+            assert response.status_code < 500, (path.name, response.text[:500])
+            if response.status_code >= 400:
+                detail = response.json()["detail"]
+                assert detail["message"], path.name
+                statuses[path.name] = detail.get("error", response.status_code)
+    assert any(s == 200 for s in statuses.values())
+    # Worker-side exceptions are tilesearch bugs answered as 422 TilingFailed: keep them visible.
+    failed = sorted(name for name, s in statuses.items() if s == "TilingFailed")
+    if failed:
+        warnings.warn(f"{len(failed)} corpus files hit TilingFailed (a bug in the search/cost model): {failed}")
