@@ -7,6 +7,7 @@ import logging
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
+from sqlalchemy.exc import DataError
 
 from service.hardware.profiles import UnknownHardwareError
 from service.ir.errors import IRError, ModuleTooLargeError
@@ -79,7 +80,16 @@ def _client_input(_request: Request, exc: ClientInputError) -> JSONResponse:
     return error_response(422, exc.error, exc.message)
 
 
+def _unstorable_value(_request: Request, exc: DataError) -> JSONResponse:
+    # The database refused a value the client sent (PostgreSQL: a NUL character in text or JSON,
+    # an integer out of range); rows are only written from request data, so this is a 4xx.
+    log.info("database rejected request data: %s", exc.orig)
+    return error_response(422, "UnstorableValue",
+                          f"the database cannot store a value of this request: {str(exc.orig).splitlines()[0]}")
+
+
 def install_error_handlers(app: FastAPI) -> None:
+    app.add_exception_handler(DataError, _unstorable_value)
     app.add_exception_handler(IRError, _ir_error)
     app.add_exception_handler(UnknownHardwareError, _unknown_hardware)
     app.add_exception_handler(PoolSaturated, _pool_saturated)

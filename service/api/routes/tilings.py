@@ -17,6 +17,7 @@ from service.tiling import PoolSaturated, resolve_hardware
 
 router = APIRouter(prefix="/v1/tilings", tags=["tilings"])
 
+_CURSOR = r"^[A-Za-z0-9_=-]+$"  # what the store hands out (urlsafe base64)
 _HARDWARE_HASH = re.compile(r"[0-9a-f]{16}")
 _ERRORS = {
     404: {"model": ErrorBody, "description": "unknown hardware or decision"},
@@ -50,10 +51,10 @@ def create_tiling(body: TilingRequest, service: TilingServiceDep, metrics: Metri
 @router.get("", response_model=DecisionPage, responses=_ERRORS)
 def list_tilings(
     session: DbSession,
-    fingerprint: Annotated[str | None, Query(max_length=128, description="module fingerprint")] = None,
+    fingerprint: Annotated[str | None, Query(pattern=r"^[0-9a-f]{1,128}$", description="module fingerprint (hex)")] = None,
     hardware: Annotated[str | None, Query(max_length=200, description="hardware name or content hash")] = None,
     limit: Annotated[int, Query(ge=1, le=repo.MAX_PAGE_SIZE)] = repo.DEFAULT_PAGE_SIZE,
-    cursor: Annotated[str | None, Query(max_length=200)] = None,
+    cursor: Annotated[str | None, Query(pattern=_CURSOR, max_length=200)] = None,
 ) -> DecisionPage:
     """Decisions newest first, one page; follow `next_cursor`."""
     hardware_hash = _hardware_hash(session, hardware) if hardware is not None else None
@@ -73,7 +74,7 @@ def list_trials(
     decision_id: int,
     session: DbSession,
     limit: Annotated[int, Query(ge=1, le=repo.MAX_PAGE_SIZE)] = 100,
-    cursor: Annotated[str | None, Query(max_length=200)] = None,
+    cursor: Annotated[str | None, Query(pattern=_CURSOR, max_length=200)] = None,
 ) -> TrialPage:
     """The plans a decision's search evaluated, by trial number."""
     _decision_or_404(session, decision_id)
