@@ -102,3 +102,29 @@ def test_forall_waves_over_cores():
     one_tile = cost_of("matmul_1024", 1, [0], [([1024, 1024, 0], "forall")])
     assert two_tiles.nests[0].active_cores == 2 and one_tile.nests[0].active_cores == 1
     assert one_tile.latency_s > 1.5 * two_tiles.latency_s
+
+
+def test_ops_without_indexing_maps_are_costed() -> None:
+    """pack / unpack / pad implement TilingInterface without indexing maps (upstream corpus)."""
+    from _shared import CORPUS
+
+    from service.ir.analysis import analyze
+    from service.ir.errors import PlanError
+    from service.ir.plan import Plan
+    from service.ir.transform import apply_plan
+
+    costed = set()
+    for path in sorted(CORPUS.glob("*pack*.mlir")) + sorted(CORPUS.glob("tile-and-fuse-consumer__*.mlir")):
+        a = analyze(path.read_text())
+        for op in a.graph.ops.values():
+            if op.indexing_maps is not None or not op.loop_ranges or op.loop_ranges[0] in (None, 1):
+                continue
+            sizes = [1] + [0] * (len(op.loop_ranges) - 1)
+            try:
+                applied = apply_plan(a.tagged, Plan.model_validate({"groups": [{"anchor": op.uid, "levels": [{"tile_sizes": sizes, "loop": "for"}]}]}), a.graph)
+            except PlanError:
+                continue
+            cost = estimate_cost(applied.module, get_profile("host-cpu"), original=a.tagged)
+            assert cost.latency_s > 0
+            costed.add(op.name)
+    assert {"linalg.pack", "linalg.unpack"} <= costed

@@ -418,10 +418,33 @@ class _Analyzer:
             )
         )
 
+    def _compute_over_result(self, op, node: Node, operands, shapes) -> Compute:
+        result = op.results[0] if len(op.results) else None
+        t = _ranked(result) if result is not None else None
+        extent = self.shape(result) if t is not None else []
+        return Compute(
+            op=op,
+            name=_opname(op),
+            uid=_uid(op),
+            points=math.prod(extent) if extent else 1,
+            flops_per_point=_flops_per_point(op),
+            reduction_tile=[],
+            parallel_tile=list(extent),
+            element_type=str(t.element_type) if t else "f32",
+            element_bytes=_element_bytes(t) if t else 4,
+            operand_bytes=sum(self.bytes_of(o, s) for o, s in zip(operands, shapes)) + sum(self.bytes_of(r) for r in op.results),
+            node=node,
+        )
+
     def compute_of(self, op, node: Node) -> Compute:
         operands = [o for o in op.operands if _ranked(o) is not None]
         shapes = [self.shape(o) for o in operands]
-        maps = [ir.AffineMapAttr(m).value for m in linalg.get_indexing_maps(op)]
+        indexing_maps = linalg.get_indexing_maps(op)
+        if indexing_maps is None:
+            # TilingInterface ops without indexing maps (pack, unpack, pad, concat, softmax):
+            # one iteration point per result element, all parallel.
+            return self._compute_over_result(op, node, operands, shapes)
+        maps = [ir.AffineMapAttr(m).value for m in indexing_maps]
         tensor_maps = [m for m, o in zip(maps, op.operands) if _ranked(o) is not None] if len(maps) == len(list(op.operands)) else maps[-len(operands):]
         n_dims = maps[0].n_dims if maps else 0
         ranges = [1] * n_dims
