@@ -42,10 +42,16 @@ def test_same_seed_same_search(host):
 
 def test_process_pool_does_not_change_the_search(host):
     # Results are told in suggestion order, so the pool's completion order does not matter.
-    pooled = tune(source("matmul_1024"), host, budget=12, strategy="random", seed=1, workers=2)
-    serial = tune(source("matmul_1024"), host, budget=12, strategy="random", seed=1, workers=1)
+    pooled = tune(source("matmul_1024"), host, budget=24, strategy="tpe", seed=1, workers=2)
+    serial = tune(source("matmul_1024"), host, budget=24, strategy="tpe", seed=1, workers=1)
     assert [t.plan_hash for t in pooled.trials] == [t.plan_hash for t in serial.trials]
     assert pooled.plan == serial.plan and pooled.evaluations == serial.evaluations
+
+
+def test_nsga2_runs_and_keeps_footprints(host):
+    r = tune(source("matmul_1024"), host, budget=16, strategy="nsga2", seed=0, workers=1)
+    costed = [t for t in r.trials if t.stage == "cost"]
+    assert r.feasible and all(t.peak_footprint_bytes is not None for t in costed)
 
 
 def test_identical_candidates_evaluated_once(host):

@@ -29,6 +29,7 @@ from .strategies import STRATEGIES, SuperTilingStrategy, make_strategy, supertil
 ProgressFn = Callable[[int, int, float | None], None]  # (evaluations, budget, best latency)
 _TASK_TIMEOUT_S = 60.0
 _PLANS_PER_TASK = 4
+_BATCH = 8  # candidates per strategy round, fixed so results do not depend on the worker count
 
 
 # --------------------------------------------------------------------------- worker side
@@ -167,6 +168,7 @@ class Evaluator:
         self.hardware_json = hardware.canonical_json()
         self.hints = shape_hints
         self.cache: dict[str, Evaluation] = {}
+        self.in_flight: set[str] = set()
         self.evaluations = 0
         self.sandbox = None
         if workers > 1:
@@ -182,14 +184,21 @@ class Evaluator:
         if self.sandbox is not None:
             self.sandbox.close()
 
-    def _run(self, plans: list[dict]) -> list[dict]:
+    def _dispatch(self, plans: list[dict]) -> list:
+        """Start evaluating `plans`; returns (chunk, future-or-results) pairs."""
         if self.sandbox is None:
-            return evaluate_plans(self.source, self.hardware_json, self.hints, plans)
+            return [(plans, evaluate_plans(self.source, self.hardware_json, self.hints, plans))]
         chunk = max(1, min(_PLANS_PER_TASK, -(-len(plans) // self.workers)))
         chunks = [plans[i:i + chunk] for i in range(0, len(plans), chunk)]
-        futures = [self.sandbox.submit(evaluate_plans, self.source, self.hardware_json, self.hints, c, timeout=_TASK_TIMEOUT_S) for c in chunks]
+        return [(c, self.sandbox.submit(evaluate_plans, self.source, self.hardware_json, self.hints, c, timeout=_TASK_TIMEOUT_S)) for c in chunks]
+
+    @staticmethod
+    def _gather(dispatched: list) -> list[dict]:
         out: list[dict] = []
-        for c, f in zip(chunks, futures):
+        for c, f in dispatched:
+            if isinstance(f, list):
+                out += f
+                continue
             try:
                 out += f.result()
             except Exception as exc:  # a worker crash or timeout costs these plans, not the search
@@ -206,35 +215,47 @@ class Evaluator:
             r = self.sandbox.submit(evaluate_plans, self.source, self.hardware_json, self.hints, [ev.plan], True, timeout=_TASK_TIMEOUT_S).result()[0]
         return ev.model_copy(update={"cost": r.get("cost", ev.cost)})
 
-    def evaluate(self, items: list[tuple[Candidate, Plan | str]]) -> list[Evaluation]:
-        """Evaluations in the order given; pruned (str) and cached plans cost nothing."""
-        results: list[Evaluation | None] = [None] * len(items)
-        todo: dict[str, list[int]] = {}
-        plans: list[Plan] = []
-        for i, (cand, plan) in enumerate(items):
+    def submit(self, items: list[tuple[Candidate, Plan | str]]) -> tuple:
+        """Start a batch. Plans already cached or in flight are not sent again; pruned ones
+        (a reason instead of a plan) cost nothing. Counts evaluations at submission."""
+        new: list[Plan] = []
+        for _, plan in items:
             if isinstance(plan, str):
-                results[i] = Evaluation(plan=None, params=cand.params, source=cand.source, reason=plan, stage="pruned")
                 continue
             h = plan.plan_hash()
-            if h in self.cache:
-                hit = self.cache[h]
-                results[i] = hit.model_copy(update={"params": cand.params, "source": cand.source, "cached": True})
-            elif h in todo:
-                todo[h].append(i)
+            if h not in self.cache and h not in self.in_flight and all(p.plan_hash() != h for p in new):
+                new.append(plan)
+        for p in new:
+            self.in_flight.add(p.plan_hash())
+        self.evaluations += len(new)
+        dispatched = self._dispatch([json.loads(p.canonical_json()) for p in new]) if new else []
+        return items, new, dispatched
+
+    def collect(self, pending: tuple) -> list[Evaluation]:
+        """Evaluations of a submitted batch, in the order given (earlier batches first)."""
+        items, new, dispatched = pending
+        for plan, r in zip(new, self._gather(dispatched)):
+            h = plan.plan_hash()
+            self.in_flight.discard(h)
+            owner = next(c for c, p in items if not isinstance(p, str) and p.plan_hash() == h)
+            self.cache[h] = Evaluation(plan=json.loads(plan.canonical_json()), plan_hash=h, params=owner.params, source=owner.source, **r)
+        results: list[Evaluation] = []
+        first_use: set[str] = {p.plan_hash() for p in new}
+        for cand, plan in items:
+            if isinstance(plan, str):
+                results.append(Evaluation(plan=None, params=cand.params, source=cand.source, reason=plan, stage="pruned"))
+                continue
+            h = plan.plan_hash()
+            ev = self.cache[h]
+            if h in first_use:
+                first_use.discard(h)
+                results.append(ev)
             else:
-                todo[h] = [i]
-                plans.append(plan)
-        if plans:
-            raw = self._run([json.loads(p.canonical_json()) for p in plans])
-            self.evaluations += len(plans)
-            for plan, r in zip(plans, raw):
-                h = plan.plan_hash()
-                first = todo[h][0]
-                ev = Evaluation(plan=json.loads(plan.canonical_json()), plan_hash=h, params=items[first][0].params, source=items[first][0].source, **r)
-                self.cache[h] = ev
-                for k, i in enumerate(todo[h]):
-                    results[i] = ev if k == 0 else ev.model_copy(update={"params": items[i][0].params, "source": items[i][0].source, "cached": True})
-        return results  # type: ignore[return-value]
+                results.append(ev.model_copy(update={"params": cand.params, "source": cand.source, "cached": True}))
+        return results
+
+    def evaluate(self, items: list[tuple[Candidate, Plan | str]]) -> list[Evaluation]:
+        return self.collect(self.submit(items))
 
 
 def _better(a: Evaluation | None, b: Evaluation) -> bool:
@@ -365,7 +386,6 @@ def _search(
 
         complete = True
         if strategy != "supertiling" and space.groups:
-            batch = max(1, workers) * _PLANS_PER_TASK if workers > 1 else 4
             n_groups = len(space.groups)
             for gi, spec in enumerate(space.groups):
                 group_budget = (budget - evaluator.evaluations) // (n_groups - gi)
@@ -374,29 +394,42 @@ def _search(
                 group_best: tuple[Evaluation, dict] | None = None
                 suggestions = 0
                 exhausted = False
-                # Pruned and cached suggestions are cheap; the cap stops a strategy that only repeats.
-                while evaluator.evaluations - spent_at_start < group_budget and suggestions < 50 * max(group_budget, 1):
+
+                def finish(batch_pending) -> None:
+                    nonlocal group_best
+                    cands, handle = batch_pending
+                    evs = evaluator.collect(handle)
+                    for c, ev in zip(cands, evs):
+                        strat.tell(c, ev)
+                        if ev.latency_s is not None and (group_best is None or _better(group_best[0], ev)):
+                            group_best = (ev, c.params)
+                    record(evs)
+
+                # One batch in flight while the strategy proposes the next (Optuna's ask is not
+                # free); the ask/tell order is fixed, so the worker count does not change it.
+                pending = None
+                while True:
+                    launched = None
+                    room = group_budget - (evaluator.evaluations - spent_at_start)
+                    # Pruned and cached suggestions are cheap; the cap stops a strategy that only repeats.
                     if deadline and time.perf_counter() > deadline:
                         complete = False
-                        break
-                    room = group_budget - (evaluator.evaluations - spent_at_start)
-                    cands = []
-                    for _ in range(min(batch, room)):
-                        c = strat.suggest()
-                        if c is None:
-                            exhausted = True
-                            break
-                        cands.append(c)
-                    suggestions += len(cands)
-                    if cands:
-                        items = [(c, plan_of({**context, spec.name: c.params})) for c in cands]
-                        evs = evaluator.evaluate(items)
-                        for c, ev in zip(cands, evs):
-                            strat.tell(c, ev)
-                            if ev.latency_s is not None and (group_best is None or _better(group_best[0], ev)):
-                                group_best = (ev, c.params)
-                        record([ev for ev in evs])
-                    if exhausted:
+                    elif not exhausted and room > 0 and suggestions < 50 * max(group_budget, 1):
+                        cands = []
+                        for _ in range(min(_BATCH, room)):
+                            c = strat.suggest()
+                            if c is None:
+                                exhausted = True
+                                break
+                            cands.append(c)
+                        suggestions += len(cands)
+                        if cands:
+                            items = [(c, plan_of({**context, spec.name: c.params})) for c in cands]
+                            launched = (cands, evaluator.submit(items))
+                    if pending is not None:
+                        finish(pending)
+                    pending = launched
+                    if pending is None:
                         break
                 if group_best is not None and (spec.name not in context or group_best[0].feasible or not any(t.feasible for t in trials)):
                     context[spec.name] = group_best[1]
