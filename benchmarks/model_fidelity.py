@@ -2,8 +2,10 @@
 
 For every contraction / convolution workload in the workloads dir: >= 20 plans IREE accepts,
 spanning bad to good, each measured and predicted. Each plan is timed in alternating rounds with
-IREE's default and rescaled by it (the machine is shared; see calibrate.normalize_to_default);
-measurements are cached in var/measure, so a rerun only re-predicts.
+IREE's default. The machine is shared (2 cores, several people), so by default the time compared
+is process CPU time per worker thread, which moves far less with other load than wall time
+(--timing wall: wall medians normalized by the paired default). Measurements are cached in
+var/measure, so a rerun only re-predicts.
 Per workload: Spearman rho and Kendall tau between predicted and measured latency, top-1 regret
 (measured latency of the model's pick / best measured), and the model's pick vs IREE's default.
 
@@ -38,38 +40,32 @@ from service.measure.calibrate import (  # noqa: E402
     Sample,
     fit_calibration,
     iree_config_of,
+    TIMINGS,
     load_contraction_workloads,
-    measure_paired_cached,
-    normalize_to_default,
+    finish_samples,
+    paired_sample,
     sample_plans,
     with_calibration,
 )
-from service.measure.iree import BenchSettings, NotMeasurable  # noqa: E402
+from service.measure.iree import BenchSettings  # noqa: E402
 
 SETTINGS = BenchSettings(repetitions=3, min_time_s=0.05)  # same as calibrate: shares the cache
 # (3 alternating rounds of plan / IREE default per plan)
 
 
-def measured_samples(w: ContractionWorkload, want: int, cache: MeasurementCache, log) -> list[Sample]:
+def measured_samples(w: ContractionWorkload, want: int, cache: MeasurementCache, timing: str, log) -> list[Sample]:
     """`want` plans that IREE compiled and ran, each timed paired with IREE's default (samples
-    more when some fail), normalized by the paired default (calibrate.normalize_to_default)."""
+    more when some fail)."""
     samples: list[Sample] = []
     for plan in sample_plans(w, want + 8):
         if len([s for s in samples if s.raw_s]) >= want:
             break
-        try:
-            forced, default = measure_paired_cached(w.text, plan, SETTINGS, cache)
-        except NotMeasurable as exc:
-            samples.append(Sample(workload=w.name, plan=plan, error=exc.reason))
-            continue
-        ok = forced.ok and default.ok
-        samples.append(Sample(workload=w.name, plan=plan, raw_s=forced.median_s if ok else None,
-                              default_s=default.median_s if ok else None, error=forced.error or default.error))
+        s = paired_sample(w, plan, SETTINGS, cache, timing)
+        samples.append(s)
         c = iree_config_of(w, plan)
         log(f"  {w.name} {c.distribution} {c.vector_common_parallel} {c.vector_reduction}: "
-            + (f"{forced.median_s * 1e3:.2f} ms, default {default.median_s * 1e3:.2f} ms" if ok
-               else f"failed {forced.error or default.error}"))
-    return normalize_to_default(samples)
+            + (f"{s.raw_s * 1e3:.2f} ms, default {s.default_s * 1e3:.2f} ms" if s.raw_s else f"failed {s.error}"))
+    return finish_samples(samples, timing)
 
 
 def ranking(samples: list[Sample], predicted: list[float], default_s: float | None) -> dict:
@@ -95,6 +91,9 @@ def main() -> None:
     ap.add_argument("--workloads", type=Path, default=Path("/work/shared/workloads"))
     ap.add_argument("--plans", type=int, default=20)
     ap.add_argument("--hardware", default="host-cpu")
+    ap.add_argument("--timing", choices=TIMINGS, default="cpu",
+                    help="cpu: CPU time per worker thread (robust to other load); wall: wall time "
+                         "normalized by the paired IREE default")
     ap.add_argument("--quiet", action="store_true")
     args = ap.parse_args()
     log = (lambda _: None) if args.quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
@@ -108,7 +107,7 @@ def main() -> None:
     defaults: dict[str, float | None] = {}
     for w in workloads:
         log(f"measuring {w.name}")
-        samples[w.name] = [s for s in measured_samples(w, args.plans, cache, log) if s.measured_s]
+        samples[w.name] = [s for s in measured_samples(w, args.plans, cache, args.timing, log) if s.measured_s]
         # IREE's default: the median of its timings paired with each plan (same load as them).
         paired = [s.default_s for s in samples[w.name] if s.default_s]
         defaults[w.name] = statistics.median(paired) if paired else None
@@ -128,6 +127,7 @@ def main() -> None:
             predicted = [predictor.latency_s(s.workload, s.plan, hw) for s in ss]
             rows.append((w.name, label, len(ss), ranking(ss, predicted, defaults[w.name]), defaults[w.name]))
 
+    print(f"timing: {args.timing}; IREE default = median of its runs paired with the plans\n")
     print("| workload | model | plans | Spearman rho | Kendall tau | top-1 regret | model's pick | best measured | IREE default | pick vs default |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for name, label, n, r, default_s in rows:

@@ -151,6 +151,7 @@ def calibrate_cmd(
     workloads: Path = typer.Option(..., "--workloads", exists=True, file_okay=False, help="dir of .mlir"),
     out: Path | None = typer.Option(None, "--out", help="profile JSON (default: <hardware dir>/<name>.json)"),
     plans: int = typer.Option(12, "--plans", min=3, help="plans measured per workload"),
+    timing: str = typer.Option("cpu", "--timing", help="cpu (CPU time per worker, robust to other load) | wall"),
     as_json: bool = typer.Option(False, "--json", help="print the report as JSON"),
 ) -> None:
     """Measure plans with IREE, fit the cost model's factors, save the calibrated profile."""
@@ -160,7 +161,7 @@ def calibrate_cmd(
     base = get_profile(hardware)
     target = out or hardware_dir() / f"{base.name}.json"
     progress = (lambda msg: None) if as_json else (lambda msg: typer.echo(f"  {msg}", err=True))
-    _, report = calibrate(base, workloads, plans_per_workload=plans, out=target, progress=progress)
+    _, report = calibrate(base, workloads, plans_per_workload=plans, out=target, progress=progress, timing=timing)
     typer.echo(report.model_dump_json(indent=2) if as_json else format_report(report))
 
 

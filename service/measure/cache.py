@@ -27,6 +27,7 @@ def measurement_key(module_text: str, plan: Any | None, settings: BenchSettings)
             "plan": plan,
             "iree": iree_version(),
             "settings": asdict(settings),
+            "schema": 2,  # 2: measurements carry CPU time
         },
         sort_keys=True,
         default=str,

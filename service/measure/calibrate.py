@@ -36,6 +36,7 @@ from .iree import (
     lowering_config_from_levels,
     measure_default,
     measure_plan,
+    cpu_per_core_s,
     measure_plan_and_default,
     vector_tile_elements,
 )
@@ -200,8 +201,8 @@ def sample_plans(w: ContractionWorkload, count: int, seed: int = 0) -> list[dict
 
 
 class Sample(BaseModel):
-    """One plan on one workload. `measured_s` is the plan's median rescaled by its paired IREE
-    default (see measure_samples); `raw_s` and `default_s` are the medians as timed."""
+    """One plan on one workload. `measured_s` is what the model is held to (see timing_of);
+    `raw_s` and `default_s` are the plan's and its paired IREE default's times as measured."""
 
     workload: str
     plan: dict
@@ -257,30 +258,56 @@ def normalize_to_default(samples: Sequence[Sample]) -> list[Sample]:
     return out
 
 
+# "cpu": process CPU time / worker threads (cpu_per_core_s): moves least with other people's
+# load, the default. "wall": wall-clock medians, normalized by the paired IREE default.
+TIMINGS = ("cpu", "wall")
+
+
+def timing_of(m: Measurement, timing: str) -> float | None:
+    if not m.ok:
+        return None
+    return cpu_per_core_s(m) if timing == "cpu" else m.median_s
+
+
+def paired_sample(w: ContractionWorkload, plan: dict, settings: BenchSettings,
+                  cache: MeasurementCache, timing: str = "cpu") -> Sample:
+    """One plan timed paired with IREE's default (not yet normalized: see finish_samples)."""
+    try:
+        forced, default = measure_paired_cached(w.text, plan, settings, cache)
+    except NotMeasurable as exc:
+        return Sample(workload=w.name, plan=plan, error=exc.reason)
+    ok = forced.ok and default.ok
+    return Sample(workload=w.name, plan=plan,
+                  raw_s=timing_of(forced, timing) if ok else None,
+                  default_s=timing_of(default, timing) if ok else None,
+                  error=forced.error or default.error)
+
+
+def finish_samples(samples: Sequence[Sample], timing: str) -> list[Sample]:
+    """Set measured_s: wall times are normalized by the paired default, CPU times taken as is."""
+    if timing == "wall":
+        return normalize_to_default(samples)
+    return [s.model_copy(update={"measured_s": s.raw_s}) for s in samples]
+
+
 def measure_samples(
     workloads: Sequence[ContractionWorkload],
     plans_per_workload: int,
     settings: BenchSettings,
     cache: MeasurementCache,
     progress: Callable[[str], None] = lambda _: None,
+    timing: str = "cpu",
 ) -> list[Sample]:
-    """Each sampled plan timed paired with IREE's default, then normalized (see above)."""
+    """Each sampled plan timed paired with IREE's default (alternating rounds)."""
     samples = []
     for w in workloads:
         for i, plan in enumerate(sample_plans(w, plans_per_workload)):
-            try:
-                forced, default = measure_paired_cached(w.text, plan, settings, cache)
-            except NotMeasurable as exc:
-                samples.append(Sample(workload=w.name, plan=plan, error=exc.reason))
-                continue
-            samples.append(Sample(workload=w.name, plan=plan,
-                                  raw_s=forced.median_s if forced.ok else None,
-                                  default_s=default.median_s if default.ok else None,
-                                  error=forced.error or default.error))
+            s = paired_sample(w, plan, settings, cache, timing)
+            samples.append(s)
             progress(f"{w.name} plan {i + 1}/{plans_per_workload}: "
-                     + (f"{forced.median_s * 1e3:.2f} ms (default {default.median_s * 1e3:.2f} ms)"
-                        if forced.ok and default.ok else f"failed: {forced.error or default.error}"))
-    return normalize_to_default(samples)
+                     + (f"{s.raw_s * 1e3:.2f} ms (default {s.default_s * 1e3:.2f} ms, {timing})"
+                        if s.raw_s else f"failed: {s.error}"))
+    return finish_samples(samples, timing)
 
 
 @dataclass
@@ -471,6 +498,7 @@ class HeldOut(BaseModel):
 
 class CalibrationReport(BaseModel):
     hardware: str
+    timing: str = "cpu"
     parameters: dict[str, float]
     train: dict[str, FitScore]  # "nominal" / "calibrated", on all measured samples
     held_out: list[HeldOut]
@@ -509,13 +537,14 @@ def calibrate(
     cache: MeasurementCache | None = None,
     out: Path | None = None,
     progress: Callable[[str], None] = lambda _: None,
+    timing: str = "cpu",
 ) -> tuple[HardwareModel, CalibrationReport]:
     """Measure, fit on all workloads, score held-out workloads, save the calibrated profile."""
     workloads, skipped = load_contraction_workloads(workloads_dir)
     if not workloads:
         raise ValueError(f"no measurable contraction workloads in {workloads_dir} (skipped: {skipped})")
     cache = cache if cache is not None else MeasurementCache()
-    samples = measure_samples(workloads, plans_per_workload, settings, cache, progress)
+    samples = measure_samples(workloads, plans_per_workload, settings, cache, progress, timing)
     predictor = Predictor(workloads)
     base = with_calibration(hardware, Calibration())
     progress("fitting")
@@ -523,6 +552,7 @@ def calibrate(
     fitted = with_calibration(base, calibration)
     report = CalibrationReport(
         hardware=hardware.name,
+        timing=timing,
         parameters=_parameters(calibration),
         train={"nominal": score(samples, predictor, base), "calibrated": score(samples, predictor, fitted)},
         held_out=held_out_scores(samples, predictor, base),
@@ -543,7 +573,7 @@ def format_report(report: CalibrationReport) -> str:
         rho = f"{s.spearman:+.2f}" if s.spearman is not None else "  n/a"
         return f"rmse(log) {s.rmse_log:6.3f}  spearman {rho}  (n={s.samples})"
 
-    lines = [f"calibration of {report.hardware}", "held out (fit on the other workloads):"]
+    lines = [f"calibration of {report.hardware} ({report.timing} timing)", "held out (fit on the other workloads):"]
     for h in report.held_out:
         lines.append(f"  {h.workload:<18} nominal {fmt(h.nominal)}")
         lines.append(f"  {'':<18} fitted  {fmt(h.calibrated)}")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
+import os
 import re
 import statistics
 import subprocess
@@ -87,12 +88,27 @@ class Measurement(BaseModel):
     ok: bool
     median_s: float | None = None
     samples_s: list[float] = Field(default_factory=list)
+    # Process CPU time per call, all worker threads together. On a shared machine wall time
+    # swings 2-4x with other people's load; CPU time moves far less (see cpu_per_core_s).
+    cpu_median_s: float | None = None
+    cpu_samples_s: list[float] = Field(default_factory=list)
     error: str | None = None
     config: list[LoweringConfig] = Field(
         default_factory=list,
         description="forced configs, or for IREE's default the configs IREE chose",
     )
     iree_version: str
+
+
+def benchmark_threads() -> int:
+    """Worker threads of IREE's local-task device here: one per physical core by default."""
+    return os.cpu_count() or 1
+
+
+def cpu_per_core_s(m: Measurement) -> float | None:
+    """A load-robust estimate of uncontended wall time: CPU time spread over the worker threads.
+    Exact when every worker is busy for the whole call (all sampled plans have >= 2 tiles)."""
+    return m.cpu_median_s / benchmark_threads() if m.ok and m.cpu_median_s else None
 
 
 class Comparison(BaseModel):
@@ -473,6 +489,12 @@ def write_inputs(arguments: Sequence[ArgumentSpec], directory: Path, seed: int =
     return flags
 
 
+@dataclass(frozen=True)
+class BenchSamples:
+    real_s: list[float]  # wall time per call, one per repetition (mean over its runs)
+    cpu_s: list[float]  # process CPU time per call (all threads), same repetitions
+
+
 def benchmark_module(
     vmfb_path: Path,
     function: str,
@@ -481,7 +503,7 @@ def benchmark_module(
     repetitions: int,
     min_time_s: float,
     timeout_s: float,
-) -> list[float]:
+) -> BenchSamples:
     """Seconds per call, one sample per repetition (each the mean over that repetition's runs)."""
     cmd = [
         tool_path("iree-benchmark-module"),
@@ -504,14 +526,13 @@ def benchmark_module(
     except json.JSONDecodeError:
         raise ToolFailure("iree-benchmark-module printed no JSON report") from None
     scale = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0}
-    samples = [
-        b["real_time"] * scale[b["time_unit"]]
-        for b in report.get("benchmarks", [])
-        if b.get("run_type") == "iteration"
-    ]
-    if not samples:
+    runs = [b for b in report.get("benchmarks", []) if b.get("run_type") == "iteration"]
+    if not runs:
         raise ToolFailure("iree-benchmark-module reported no iterations")
-    return samples
+    return BenchSamples(
+        real_s=[b["real_time"] * scale[b["time_unit"]] for b in runs],
+        cpu_s=[b["cpu_time"] * scale[b["time_unit"]] for b in runs],
+    )
 
 
 @dataclass(frozen=True)
@@ -563,6 +584,7 @@ def _time_rounds(
     """Time each compiled module; with rounds > 1 they alternate (A B A B ...), so a load burst
     from other processes on this shared machine hits all of them alike."""
     samples: list[list[float]] = [[] for _ in compiled]
+    cpu_samples: list[list[float]] = [[] for _ in compiled]
     errors: list[str | None] = [c.failure.error if c.failure else None for c in compiled]
     reps_per_round = max(1, settings.repetitions // rounds)
     for _ in range(rounds):
@@ -570,7 +592,7 @@ def _time_rounds(
             if errors[i] is not None:
                 continue
             try:
-                samples[i] += benchmark_module(
+                got = benchmark_module(
                     c.vmfb_path,
                     c.prepared.function,
                     input_flags,
@@ -578,15 +600,18 @@ def _time_rounds(
                     min_time_s=settings.min_time_s,
                     timeout_s=settings.bench_timeout_s,
                 )
+                samples[i] += got.real_s
+                cpu_samples[i] += got.cpu_s
             except ToolFailure as failure:
                 errors[i] = failure.line
     version = iree_version()
     out = []
-    for c, got, error in zip(compiled, samples, errors):
+    for c, got, cpu, error in zip(compiled, samples, cpu_samples, errors):
         if error is not None:
             out.append(Measurement(ok=False, error=error, config=c.configs, iree_version=version))
         else:
             out.append(Measurement(ok=True, median_s=statistics.median(got), samples_s=got,
+                                   cpu_median_s=statistics.median(cpu), cpu_samples_s=cpu,
                                    config=c.configs, iree_version=version))
     return out
 
