@@ -30,6 +30,7 @@ ProgressFn = Callable[[int, int, float | None], None]  # (evaluations, budget, b
 _TASK_TIMEOUT_S = 60.0
 _PLANS_PER_TASK = 4
 _BATCH = 8  # candidates per strategy round, fixed so results do not depend on the worker count
+_CONVERGED_AFTER = 200  # suggestions in a row without a new plan: the strategy has converged
 
 
 # --------------------------------------------------------------------------- worker side
@@ -392,7 +393,7 @@ def _search(
                 spent_at_start = evaluator.evaluations
                 strat = make_strategy(strategy, spec.knobs(), seed + gi, warm_by_group[spec.name])
                 group_best: tuple[Evaluation, dict] | None = None
-                suggestions = 0
+                idle = 0
                 exhausted = False
 
                 def finish(batch_pending) -> None:
@@ -411,10 +412,9 @@ def _search(
                 while True:
                     launched = None
                     room = group_budget - (evaluator.evaluations - spent_at_start)
-                    # Pruned and cached suggestions are cheap; the cap stops a strategy that only repeats.
                     if deadline and time.perf_counter() > deadline:
                         complete = False
-                    elif not exhausted and room > 0 and suggestions < 50 * max(group_budget, 1):
+                    elif not exhausted and room > 0 and (idle < _CONVERGED_AFTER or strategy == "exhaustive"):
                         cands = []
                         for _ in range(min(_BATCH, room)):
                             c = strat.suggest()
@@ -422,10 +422,13 @@ def _search(
                                 exhausted = True
                                 break
                             cands.append(c)
-                        suggestions += len(cands)
                         if cands:
                             items = [(c, plan_of({**context, spec.name: c.params})) for c in cands]
+                            before = evaluator.evaluations
                             launched = (cands, evaluator.submit(items))
+                            # Pruned and cached suggestions are cheap but not free (Optuna's ask):
+                            # a strategy proposing nothing new for a while has converged.
+                            idle = 0 if evaluator.evaluations > before else idle + len(cands)
                     if pending is not None:
                         finish(pending)
                     pending = launched
