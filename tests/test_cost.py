@@ -128,3 +128,16 @@ def test_ops_without_indexing_maps_are_costed() -> None:
             assert cost.latency_s > 0
             costed.add(op.name)
     assert {"linalg.pack", "linalg.unpack"} <= costed
+
+
+def test_function_declarations_are_skipped() -> None:
+    """A module with an external func declaration (upstream transform-op-tile test) is costed."""
+    from _shared import CORPUS
+
+    from service.ir.analysis import analyze
+
+    a = analyze((CORPUS / "transform-op-tile__1.mlir").read_text())
+    (matmul,) = [op for op in a.graph.ops.values() if op.name == "linalg.matmul"]
+    plan = Plan.model_validate({"groups": [{"anchor": matmul.uid, "levels": [{"tile_sizes": [32, 32, 0], "loop": "forall"}]}]})
+    cost = estimate_cost(apply_plan(a.tagged, plan, a.graph).module, get_profile("host-cpu"), original=a.tagged)
+    assert cost.flops == 2 * 128**3

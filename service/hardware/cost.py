@@ -675,7 +675,11 @@ def estimate_cost(
     """Cost of a tiled clone on `hardware`. `original` (the module before tiling, same uids)
     makes recompute_flops exact; without it only ops computed in several nests count."""
     with context():
-        funcs = [op for op in tiled.body.operations if _opname(op) == "func.func"]
+        # Declarations (external funcs) have no body and cost nothing here.
+        funcs = [
+            op for op in tiled.body.operations
+            if _opname(op) == "func.func" and len(op.regions[0].blocks) > 0
+        ]
         nests: list[NestCost] = []
         reasons: list[str] = []
         notes: list[str] = []
