@@ -21,6 +21,7 @@ from service.hardware.model import HardwareModel
 from service.ir.analysis import analyze
 from service.ir.errors import PlanError
 from service.ir.plan import Plan
+from service.ir.transform import check_plan
 
 from .candidate import Candidate, Evaluation
 from .space import DEFAULT_DYNAMIC_EXTENT, SPACE_VERSION, GroupSpec, SearchSpace, build_space, complete_plan
@@ -378,11 +379,20 @@ def _search(
                 context[spec.name] = start
 
         def plan_of(params_by_group: dict[str, dict]) -> Plan | str:
+            """The plan for these knobs, or why it is invalid (the IR core's cheap check)."""
             merged = {k: v for p in params_by_group.values() for k, v in p.items()}
             plan = space.to_plan(merged)
-            return plan if isinstance(plan, str) else complete_plan(space, plan, hardware)
+            if isinstance(plan, str):
+                return plan
+            plan = complete_plan(space, plan, hardware)
+            if plan.groups:
+                try:
+                    check_plan(graph, plan)
+                except PlanError as err:
+                    return str(err)
+            return plan
 
-        if space.groups and context:
+        if space.groups and context and strategy != "supertiling":
             record(evaluator.evaluate([(Candidate(params={}, source="default"), plan_of(context))]))
 
         complete = True
