@@ -31,7 +31,7 @@ from service.ir.sandbox import Sandbox, result_of
 from service.search.space import SPACE_VERSION
 from service.store import repo
 from service.store.db import session_scope
-from service.store.models import Decision
+from service.store.models import Decision, DecisionStatus
 
 Strategy = Literal["tpe", "nsga2", "random", "exhaustive", "supertiling"]
 CacheState = Literal["hit", "warm", "miss"]
@@ -57,6 +57,10 @@ class TilingOutcome:
     decision: Decision
     cache: CacheState
     timings: dict[str, float]
+
+
+_DONE_CACHE_SIZE = 4096
+HARDWARE_TTL_S = 1.0
 
 
 class PoolSaturated(Exception):
@@ -113,6 +117,35 @@ class TilingService:
         self._analyses: OrderedDict[tuple[str, int], dict] = OrderedDict()
         self._analysing: dict[tuple[str, int], threading.Event] = {}
         self._analyses_lock = threading.Lock()
+        # Done decisions by key (immutable once done) and hardware models by name (short TTL).
+        self._done: OrderedDict[str, Decision] = OrderedDict()
+        self._cache_lock = threading.Lock()
+        self._hardware_by_name: dict[str, tuple[float, HardwareModel]] = {}
+
+    def _remember(self, key: str, decision: Decision) -> None:
+        with self._cache_lock:
+            self._done[key] = decision
+            self._done.move_to_end(key)
+            if len(self._done) > _DONE_CACHE_SIZE:
+                self._done.popitem(last=False)
+
+    def _hardware(self, spec: str | HardwareModel) -> HardwareModel:
+        """resolve_hardware, remembered for a short while per name: a model stored under an
+        existing name takes effect within HARDWARE_TTL_S (the hit path makes no DB query)."""
+        if isinstance(spec, HardwareModel):
+            return spec
+        now = time.monotonic()
+        cached = self._hardware_by_name.get(spec)
+        if cached is not None and now - cached[0] < HARDWARE_TTL_S:
+            return cached[1]
+        with session_scope(self.sessions) as session:
+            model = resolve_hardware(session, spec)
+        self._hardware_by_name[spec] = (now, model)
+        return model
+
+    def forget_hardware(self, name: str) -> None:
+        """Called when a model is stored under `name` in this process."""
+        self._hardware_by_name.pop(name, None)
 
     # -- sandbox with back-pressure
     def _run(self, fn, *args, timeout: float):
@@ -129,8 +162,7 @@ class TilingService:
 
         timings: dict[str, float] = {}
         t0 = time.perf_counter()
-        with session_scope(self.sessions) as session:
-            hardware = resolve_hardware(session, request.hardware)
+        hardware = self._hardware(request.hardware)
         limit = self.settings.request_timeout_s
         info = self._analyse(request.module, timeout=limit)
         timings["analyse_s"] = time.perf_counter() - t0
@@ -145,8 +177,14 @@ class TilingService:
         if not request.reuse:
             # A fresh search is asked for: key it apart so it never serves nor replaces the cache.
             parts = repo.DecisionKeyParts(**{**parts.as_dict(), "objective": f"{request.objective}+fresh:{uuid.uuid4().hex}"})
+        key = repo.decision_key(parts)
+        done = self._done.get(key)
+        if done is not None:  # a done decision never changes: no database round trip
+            timings["total_s"] = time.perf_counter() - t0
+            return TilingOutcome(done, "hit", timings)
         claim = repo.claim_or_wait(self.sessions, parts, self.owner, lease_s=limit * 2, timeout_s=limit * 2)
         if claim.outcome is repo.ClaimOutcome.HIT:
+            self._remember(key, claim.decision)
             timings["total_s"] = time.perf_counter() - t0
             return TilingOutcome(claim.decision, "hit", timings)
         if not claim.owned:
@@ -201,6 +239,8 @@ class TilingService:
             )
             if decision is None:  # lease lost to another owner: serve theirs
                 decision = repo.get_decision(session, decision_id)
+            if decision is not None and decision.status == DecisionStatus.DONE and request.reuse:
+                self._remember(key, decision)
             repo.save_trials(session, decision_id, [repo.TrialRecord(**t) for t in result["trials"]])
             for group in result["group_records"]:
                 repo.record_group_best(session, hardware_hash=hardware.content_hash(), decision_id=decision_id, **group)

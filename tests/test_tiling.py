@@ -82,3 +82,19 @@ def test_hardware_changes_the_decision(service) -> None:
     npu = service.decide(TilingRequest(module=module, hardware="npu-sram-256k", budget=8))
     assert cpu.decision.id != npu.decision.id
     assert npu.decision.hardware_hash != cpu.decision.hardware_hash
+
+
+def test_repeat_hit_makes_no_database_query(service, engine) -> None:
+    from sqlalchemy import event
+
+    request = TilingRequest(module=workload("matmul_1024"), hardware="host-cpu", budget=6)
+    first = service.decide(request)
+    statements: list[str] = []
+    listener = lambda *args: statements.append(args[2])  # noqa: E731  (conn, cursor, statement, ...)
+    event.listen(engine, "before_cursor_execute", listener)
+    try:
+        again = service.decide(request)
+    finally:
+        event.remove(engine, "before_cursor_execute", listener)
+    assert again.cache == "hit" and again.decision.id == first.decision.id
+    assert statements == []

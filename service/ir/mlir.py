@@ -6,6 +6,7 @@ provider means editing this file only. Everything else imports `ir`, `linalg`, .
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import os
 import shutil
@@ -43,6 +44,7 @@ def context() -> ir.Context:
     return _context
 
 
+@functools.cache  # constant for the process; reading package metadata costs ~1 ms
 def provider_version() -> str:
     """Name and version of the MLIR provider; part of every decision key."""
     return f"{_PROVIDER}=={importlib.metadata.version(_PROVIDER)}"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from service.api.deps import DbSession, WriteAuth
+from service.api.deps import DbSession, TilingServiceDep, WriteAuth
 from service.api.schemas import ErrorBody, HardwareList, HardwareOut
 from service.hardware.model import HardwareModel
 from service.hardware.profiles import get_profile, list_profiles
@@ -14,9 +14,12 @@ router = APIRouter(prefix="/v1/hardware", tags=["hardware"])
 
 
 @router.post("", response_model=HardwareOut, status_code=201, dependencies=[WriteAuth])
-def create_hardware(model: HardwareModel, session: DbSession) -> HardwareOut:
-    """Store a custom model; requests then name it. A stored name shadows a built-in profile."""
+def create_hardware(model: HardwareModel, session: DbSession, service: TilingServiceDep) -> HardwareOut:
+    """Store a custom model; requests then name it. A stored name shadows a built-in profile
+    (other API processes see it within their short name cache, HARDWARE_TTL_S)."""
     row = repo.upsert_hardware(session, model.content_hash(), model.name, model.model_dump(mode="json"))
+    session.commit()
+    service.forget_hardware(model.name)
     return HardwareOut.from_row(row)
 
 
