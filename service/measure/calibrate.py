@@ -17,7 +17,7 @@ import math
 import random
 import statistics
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,10 +33,10 @@ from .iree import (
     LoweringConfig,
     Measurement,
     NotMeasurable,
+    cpu_per_core_s,
     lowering_config_from_levels,
     measure_default,
     measure_plan,
-    cpu_per_core_s,
     measure_plan_and_default,
     vector_tile_elements,
 )
