@@ -24,7 +24,7 @@ from service.ir.plan import Group, Level, Plan
 from service.ir.transform import layout_group
 
 ANCHOR_KINDS = ("contraction", "convolution", "reduction")
-SPACE_VERSION = "search-space/1"
+SPACE_VERSION = "search-space/2"
 _ELEMENT_BYTES = {"f64": 8, "i64": 8, "f32": 4, "i32": 4, "f16": 2, "bf16": 2, "i16": 2, "i8": 1, "i1": 1}
 
 
@@ -114,6 +114,8 @@ class GroupSpec:
     reduction_choices: dict[int, list[int]]  # anchor reduction dim -> level-2 sizes
     optional_units: dict[int, list[int]] = field(default_factory=dict)  # optional op -> ops joining with it
     optional_parent: dict[int, int] = field(default_factory=dict)  # optional op -> member it was reached from
+    vector_limit_bytes: int | None = None  # hardware's largest vector tile (IREE CPU: 32 KiB)
+    elem_bytes: int = 4
     outside_consumers: dict[int, list[int]] = field(default_factory=dict)  # optional producer -> consumers not in the group
 
     @property
@@ -150,15 +152,25 @@ class GroupSpec:
                     return f"inner tile {inner[d]} on dim {d} is not smaller than the outer tile {span}"
                 if span % inner[d]:
                     return f"inner tile {inner[d]} on dim {d} does not divide the outer tile {span}"
-        levels: list[Level] = []
-        if any(outer):
-            levels.append(Level(tile_sizes=outer, loop=params[f"{self.name}.outer.loop"]))
-        if any(inner):
-            levels.append(Level(tile_sizes=inner, loop="for"))
-        if any(red):
-            levels.append(Level(tile_sizes=red, loop="for"))
-        if not levels:
+        if not any(outer) and not any(inner) and not any(red):
             return "every tile size is 0: the group tiles nothing"
+        if self.vector_limit_bytes:
+            # IREE's rule: vector tile = innermost parallel tiles (0 = the enclosing extent) x
+            # reduction tiles (0 = the whole reduction); at the limit the compile fails.
+            elems = 1
+            for d, t in enumerate(self.iterator_types):
+                elems *= (inner[d] or outer[d] or self.ranges[d]) if t == "parallel" else (red[d] or self.ranges[d])
+            if elems * self.elem_bytes >= self.vector_limit_bytes:
+                return f"vector tile of {elems} elements ({elems * self.elem_bytes} B) >= the {self.vector_limit_bytes} B limit"
+        # Levels are positional (distribution, vector parallel, vector reduction, as IREE's CPU
+        # config): an untiled level stays as zeros unless nothing follows it.
+        levels = [
+            Level(tile_sizes=outer, loop=params[f"{self.name}.outer.loop"]),
+            Level(tile_sizes=inner, loop="for"),
+            Level(tile_sizes=red, loop="for"),
+        ]
+        while not any(levels[-1].tile_sizes):
+            levels.pop()
         fuse = list(self.fixed)
         included = {self.anchor, *self.fixed}
         # BFS order: an optional op joins only when the member it was reached from has joined
@@ -248,9 +260,10 @@ def outer_sizes(extent: int, min_size: int = 32, max_choices: int = 6) -> list[i
     return [0, *ordered] if ordered else [0]
 
 
-def inner_sizes(extent: int, vector_elems: int, innermost: bool) -> list[int]:
-    """Register-level tiles: multiples of the vector width on the innermost dim, small elsewhere."""
-    cands = [vector_elems * m for m in (1, 2)] if innermost else [4, 8]
+def inner_sizes(extent: int, vector_elems: int, innermost: bool, many_dims: bool = False) -> list[int]:
+    """Register-level tiles: multiples of the vector width on the innermost dim, small elsewhere
+    (and 1 when the anchor has many parallel dims, e.g. convolutions, to fit a vector tile)."""
+    cands = [vector_elems * m for m in (1, 2)] if innermost else ([1, 4, 8] if many_dims else [4, 8])
     return [0, *[s for s in cands if s < extent]]
 
 
@@ -394,8 +407,10 @@ def build_space(graph: OpGraph, hardware: HardwareModel, shape_hints: dict[str, 
             ranges=ranges,
             iterator_types=list(op.iterator_types),
             outer_choices={d: outer_sizes(ranges[d]) for d in parallel if ranges[d] > 1},
-            inner_choices={d: inner_sizes(ranges[d], vec, d == innermost) for d in parallel if ranges[d] > 1},
+            inner_choices={d: inner_sizes(ranges[d], vec, d == innermost, op.kind == "convolution") for d in parallel if ranges[d] > 1},
             reduction_choices={d: reduction_sizes(ranges[d]) for d in reduction if ranges[d] > 4},
+            vector_limit_bytes=hardware.max_vector_tile_bytes,
+            elem_bytes=element_bytes(op.element_type),
         )
         groups.append(spec)
         for u in [anchor, *fixed, *[v for o in optional for v in units[o]]]:
