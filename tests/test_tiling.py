@@ -89,6 +89,7 @@ def test_repeat_hit_makes_no_database_query(service, engine) -> None:
 
     request = TilingRequest(module=workload("matmul_1024"), hardware="host-cpu", budget=6)
     first = service.decide(request)
+    service.decide(request)  # a hit; the hardware name is now cached for HARDWARE_TTL_S
     statements: list[str] = []
     listener = lambda *args: statements.append(args[2])  # noqa: E731  (conn, cursor, statement, ...)
     event.listen(engine, "before_cursor_execute", listener)
