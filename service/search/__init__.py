@@ -1,1 +1,4 @@
-"""Tile-and-fuse search: candidate space, strategies, engine (`tune`)."""
+"""Tile-and-fuse search: candidate space, strategies, engine.
+
+Entry point: `service.search.engine.tune(source_text, hardware, ...) -> TuneResult`.
+"""
