@@ -118,7 +118,7 @@ def measure_cmd(
     """Time a plan forced on IREE (host CPU) and IREE's own default, medians of repetitions."""
     import json
 
-    from service.measure.iree import BenchSettings, NotMeasurable, measure_plan_and_default
+    from service.measure.iree import BenchSettings, NotMeasurable, cpu_per_core_s, measure_plan_and_default
 
     settings = BenchSettings(repetitions=repetitions, min_time_s=min_time_s)
     try:
@@ -138,11 +138,19 @@ def measure_cmd(
             for c in m.config
         )
         if m.ok:
-            typer.echo(f"{label:>12}: median {m.median_s * 1e3:.3f} ms over {len(m.samples_s)} reps  [{configs}]")
+            cpu = cpu_per_core_s(m)
+            typer.echo(
+                f"{label:>12}: median {m.median_s * 1e3:.3f} ms wall, {cpu * 1e3:.3f} ms CPU/core "
+                f"over {len(m.samples_s)} reps  [{configs}]"
+            )
         else:
             typer.echo(f"{label:>12}: FAILED {m.error}  [{configs}]")
     if result.speedup_over_default is not None:
-        typer.echo(f"     speedup: {result.speedup_over_default:.2f}x over IREE's default")
+        cpu_speedup = cpu_per_core_s(result.default) / cpu_per_core_s(result.forced)
+        typer.echo(
+            f"     speedup: {result.speedup_over_default:.2f}x wall, {cpu_speedup:.2f}x CPU/core "
+            "over IREE's default (CPU time moves less with other load on this machine)"
+        )
 
 
 @app.command("calibrate")
