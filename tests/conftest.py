@@ -25,6 +25,19 @@ from service.store.db import make_engine, make_sessionmaker, normalize_url
 DEFAULT_TEST_PG_URL = "postgresql+psycopg://postgres:postgres@127.0.0.1:5432/tilesearch_test"
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _isolated_hardware_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Built-in profiles only: a calibrated profile in ./var/hardware must not change results.
+    Set before any sandbox worker starts, so workers inherit it too."""
+    previous = os.environ.get("TILESEARCH_HARDWARE_DIR")
+    os.environ["TILESEARCH_HARDWARE_DIR"] = str(tmp_path_factory.mktemp("hardware"))
+    yield
+    if previous is None:
+        os.environ.pop("TILESEARCH_HARDWARE_DIR", None)
+    else:
+        os.environ["TILESEARCH_HARDWARE_DIR"] = previous
+
+
 @pytest.fixture(scope="session")
 def pg_admin_engine() -> Iterator[Engine]:
     url = os.environ.get("TILESEARCH_TEST_PG_URL", DEFAULT_TEST_PG_URL)
