@@ -780,7 +780,7 @@ def _cost_nest(root: Node, op, an: _Analyzer, hw: HardwareModel, reasons: list[s
                 per_uid[c.uid] = per_uid.get(c.uid, 0.0) + f
             lanes = max(1, hw.compute.vector_width_bytes // c.element_bytes)
             last = c.parallel_tile[-1] if c.parallel_tile else 1
-            weighted_lane_use += f * (last / (math.ceil(last / lanes) * lanes))
+            weighted_lane_use += f * (last / (math.ceil(last / lanes) * lanes)) * _microkernel_efficiency(c, band[n.id], hw)
             if f and c.flops_per_point:
                 elem_type = c.element_type
             _check_vector_tile(c, band[n.id], hw, reasons)
@@ -847,6 +847,30 @@ def _band_levels(root: Node) -> dict[int, int]:
             perfectly_nested = n.kind == "for" and c.kind == "for" and len(n.children) == 1 and not n.slices and not n.computes
             levels[c.id] = levels[n.id] + (0 if perfectly_nested else 1)
     return levels
+
+
+def _microkernel_efficiency(c: Compute, level: int, hw: HardwareModel) -> float:
+    """Fraction of FMA peak a CPU register tile reaches (1.0 where the plan does not choose it).
+
+    For a contraction tiled down to its vector tile (all three plan levels), per reduction
+    step the tile [.., m, n] needs m*ceil(n/lanes) accumulator registers, ceil(n/lanes) for the
+    row of B and one broadcast of A; it issues acc FMAs and m + ceil(n/lanes) loads.
+    - spills: more registers than the file holds -> accumulators go through L1 each step;
+    - pipeline: fewer independent accumulators than latency x ports leaves FMA units idle;
+    - loads: more loads than FMAs per step makes the tile load-bound (as many ports of each).
+    """
+    regs = hw.compute.vector_registers
+    if regs is None or level < 3 or not c.reduction_tile or len(c.parallel_tile) < 1:
+        return 1.0
+    lanes = max(1, hw.compute.vector_width_bytes // c.element_bytes)
+    n_vecs = math.ceil(c.parallel_tile[-1] / lanes)
+    m = math.prod(c.parallel_tile[:-1]) if len(c.parallel_tile) > 1 else 1
+    acc = m * n_vecs
+    needed = acc + n_vecs + 1
+    spill = min(1.0, regs / needed)
+    pipeline = min(1.0, acc / hw.compute.fma_pipeline_depth)
+    loads = min(1.0, acc / (m + n_vecs))
+    return spill * pipeline * loads
 
 
 def _check_vector_tile(c: Compute, level: int, hw: HardwareModel, reasons: list[str]) -> None:

@@ -55,6 +55,11 @@ class Compute(BaseModel):
     )
     vector_width_bytes: int = Field(default=32, description="SIMD register width in bytes.")
     cores: int = Field(default=1, description="Cores (CPU cores, SMs, NPU engines).")
+    # CPU register-tile model (None: not a CPU, no microkernel term). A contraction's vector
+    # tile keeps its accumulator in vector registers: past the register file it spills, and
+    # too few independent accumulators leave the FMA pipelines idle.
+    vector_registers: int | None = Field(default=None, ge=1, description="Architectural SIMD registers per core (CPU only).")
+    fma_pipeline_depth: int = Field(default=8, ge=1, description="Independent FMAs in flight to saturate a core (latency x ports).")
 
     @field_validator("peak_flops_per_s")
     @classmethod

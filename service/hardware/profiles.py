@@ -134,7 +134,14 @@ def detect_host_cpu(
         name="host-cpu",
         description=f"this machine: {cores} cores, {vector_width * 8}-bit vectors, caches from {cpu_dir}/cache",
         memory_levels=levels,
-        compute=Compute(peak_flops_per_s={"f32": peak_f32, "bf16": 2 * peak_f32, "f16": 2 * peak_f32}, vector_width_bytes=vector_width, cores=cores),
+        compute=Compute(
+            peak_flops_per_s={"f32": peak_f32, "bf16": 2 * peak_f32, "f16": 2 * peak_f32},
+            vector_width_bytes=vector_width,
+            cores=cores,
+            # x86: 32 zmm registers with AVX-512, 16 ymm without; FMA latency 4 x 2 ports.
+            vector_registers=32 if vector_width >= 64 else 16,
+            fma_pipeline_depth=8,
+        ),
         loop_overhead_s=2e-9,
         max_vector_tile_bytes=32 * KiB,  # IREE CPU: >= 8192 f32 vector elements fails to compile
     )
