@@ -88,7 +88,7 @@ def ranking(samples: list[Sample], predicted: list[float], default_s: float | No
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--workloads", type=Path, default=Path("/work/shared/workloads"))
+    ap.add_argument("--workloads", type=Path, default=Path(__file__).resolve().parents[2] / "shared" / "workloads")
     ap.add_argument("--plans", type=int, default=20)
     ap.add_argument("--hardware", default="host-cpu")
     ap.add_argument("--timing", choices=TIMINGS, default="cpu",

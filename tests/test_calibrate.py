@@ -28,7 +28,7 @@ from service.measure.calibrate import (
     with_calibration,
 )
 
-WORKLOADS = Path("/work/shared/workloads")
+from _shared import WORKLOADS  # noqa: E402  (../shared beside the repo)
 
 
 @pytest.fixture(scope="module")

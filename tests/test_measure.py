@@ -21,7 +21,7 @@ from service.measure.iree import (
     vector_tile_elements,
 )
 
-WORKLOADS = Path("/work/shared/workloads")
+from _shared import WORKLOADS  # noqa: E402  (../shared beside the repo)
 MATMUL_ITERS = ["parallel", "parallel", "reduction"]
 
 TINY_MATMUL = """
