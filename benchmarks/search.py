@@ -5,7 +5,7 @@
     python benchmarks/search.py --only throughput
 
 Prints markdown tables (pasted into README.md, "Search benchmarks"). Uses the host-cpu
-profile and 2 worker processes. Exhaustive optima are cached in benchmarks/.search_cache.json
+profile and 2 worker processes. Exhaustive optima are cached in var/search_bench_cache.json
 (keyed by workload text, hardware hash and space version) since they take minutes.
 """
 
@@ -29,7 +29,7 @@ from service.search.engine import tune  # noqa: E402
 from service.search.space import SPACE_VERSION  # noqa: E402
 
 WORKLOADS = ROOT.parent / "shared" / "workloads"
-CACHE = ROOT / "benchmarks" / ".search_cache.json"
+CACHE = ROOT / "var" / "search_bench_cache.json"  # var/ is git-ignored
 ALL = ["matmul_1024", "mlp_chain", "fuse_group", "attention_scores", "conv_relu", "softmax", "multi_consumer", "reshape_chain", "dynamic_matmul"]
 QUALITY = ["matmul_1024", "mlp_chain"]
 CONTRACTIONS = ["matmul_1024", "mlp_chain", "fuse_group", "attention_scores"]
@@ -70,6 +70,7 @@ def exhaustive_optimum(name: str, hw) -> tuple[float, int]:
         return cache[key]["latency_s"], cache[key]["evaluations"]
     r = tune(src(name), hw, budget=10**6, strategy="exhaustive", seed=0, workers=2)
     cache[key] = {"workload": name, "latency_s": r.predicted["latency_s"], "evaluations": r.evaluations}
+    CACHE.parent.mkdir(parents=True, exist_ok=True)
     CACHE.write_text(json.dumps(cache, indent=1))
     return r.predicted["latency_s"], r.evaluations
 
