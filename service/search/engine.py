@@ -24,7 +24,7 @@ from service.ir.plan import Plan
 from service.ir.transform import check_plan
 
 from .candidate import Candidate, Evaluation
-from .space import DEFAULT_DYNAMIC_EXTENT, SPACE_VERSION, GroupSpec, SearchSpace, build_space, complete_plan
+from .space import DEFAULT_DYNAMIC_EXTENT, SPACE_VERSION, GroupSpec, build_space, complete_plan
 from .strategies import STRATEGIES, SuperTilingStrategy, make_strategy, supertiling_plan
 
 ProgressFn = Callable[[int, int, float | None], None]  # (evaluations, budget, best latency)
