@@ -89,3 +89,18 @@ def test_typed_errors_cross_the_process_boundary() -> None:
     with Sandbox(workers=1) as sandbox, pytest.raises(MLIRSyntaxError) as err:
         sandbox.run(inspect_module, "func.func @f( {", timeout=30)
     assert err.value.diagnostics and err.value.diagnostics[0].line == 1
+
+
+def test_plan_that_aborts_mlir_is_rejected_before_mlir_sees_it() -> None:
+    """Fusing a multi-use producer into ONE scf.for aborts MLIR 3.13 (run in a sandbox so that,
+    if the check regressed, this test fails with IRCrashError instead of killing pytest)."""
+    from service.ir.errors import PlanError
+    from service.ir.tasks import apply_plan_to_text
+
+    source = (WORKLOADS / "multi_consumer.mlir").read_text()
+    plan = {"groups": [{"anchor": 1, "fuse": [0], "levels": [{"tile_sizes": [0, 64], "loop": "for"}]}]}
+    with Sandbox(workers=1) as sandbox:
+        with pytest.raises(PlanError, match="MLIR aborts"):
+            sandbox.run(apply_plan_to_text, source, plan, timeout=30)
+        forall = {"groups": [{"anchor": 1, "fuse": [0], "levels": [{"tile_sizes": [0, 64], "loop": "forall"}]}]}
+        assert "scf.forall" in sandbox.run(apply_plan_to_text, source, forall, timeout=30)["tiled_module"]

@@ -176,6 +176,7 @@ def layout_group(graph: OpGraph, index: int, group: Group) -> GroupLayout:
                     "to reach the sink through plain indexing maps",
                     index,
                 )
+    _reject_single_for_multi_use_fusion(graph, index, group, members, sink)
     return GroupLayout(
         index=index,
         group=group,
@@ -187,6 +188,25 @@ def layout_group(graph: OpGraph, index: int, group: Group) -> GroupLayout:
         ins_producers=_topological(graph, ins_producers),
         crosses_reshape=crosses,
     )
+
+
+def _reject_single_for_multi_use_fusion(graph: OpGraph, index: int, group: Group, members: set[int], sink: int) -> None:
+    """MLIR 3.13 aborts the process ("SmallVector unable to grow") when fuse_into_containing_op
+    fuses a producer whose result is also used outside the group into a nest of ONE scf.for
+    (parallel tiling of a single dim). Two loops or scf.forall work: reject only that shape."""
+    shared = [u for u in members if u != sink and any(c not in members for c in graph.op(u).consumers)]
+    if not shared:
+        return
+    anchor = graph.op(group.anchor)
+    for li, level in enumerate(group.levels):
+        tiled = [d for d in anchor.parallel_dims if level.tile_sizes[d]]
+        if level.loop == "for" and len(tiled) == 1:
+            raise PlanError(
+                f"level {li} tiles one parallel dim with scf.for while fused op(s) {shared} also feed "
+                "ops outside the group: MLIR aborts on that fusion (upstream bug in this version); "
+                'use "loop": "forall", tile a second parallel dim, or leave those ops unfused',
+                index,
+            )
 
 
 def check_plan(graph: OpGraph, plan: Plan) -> list[GroupLayout]:
