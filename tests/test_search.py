@@ -14,9 +14,7 @@ from service.search.engine import tune
 from service.search.space import build_space
 from service.search.strategies import supertiling_plan
 
-WORKLOADS = Path(__file__).resolve().parents[2] / "shared" / "workloads"
-if not WORKLOADS.exists():
-    WORKLOADS = Path("/work/shared/workloads")
+from _shared import WORKLOADS  # noqa: E402  (../shared beside the repo)
 
 
 def source(name: str) -> str:
