@@ -418,24 +418,6 @@ class _Analyzer:
             )
         )
 
-    def _compute_over_result(self, op, node: Node, operands, shapes) -> Compute:
-        result = op.results[0] if len(op.results) else None
-        t = _ranked(result) if result is not None else None
-        extent = self.shape(result) if t is not None else []
-        return Compute(
-            op=op,
-            name=_opname(op),
-            uid=_uid(op),
-            points=math.prod(extent) if extent else 1,
-            flops_per_point=_flops_per_point(op),
-            reduction_tile=[],
-            parallel_tile=list(extent),
-            element_type=str(t.element_type) if t else "f32",
-            element_bytes=_element_bytes(t) if t else 4,
-            operand_bytes=sum(self.bytes_of(o, s) for o, s in zip(operands, shapes)) + sum(self.bytes_of(r) for r in op.results),
-            node=node,
-        )
-
     def compute_of(self, op, node: Node) -> Compute:
         operands = [o for o in op.operands if _ranked(o) is not None]
         shapes = [self.shape(o) for o in operands]
@@ -443,7 +425,9 @@ class _Analyzer:
         if indexing_maps is None:
             # TilingInterface ops without indexing maps (pack, unpack, pad, concat, softmax):
             # one iteration point per result element, all parallel.
-            return self._compute_over_result(op, node, operands, shapes)
+            result = op.results[0] if len(op.results) else None
+            extent = self.shape(result) if result is not None and _ranked(result) is not None else []
+            return self._compute(op, node, operands, shapes, list(extent), [], list(extent), result)
         maps = [ir.AffineMapAttr(m).value for m in indexing_maps]
         tensor_maps = [m for m, o in zip(maps, op.operands) if _ranked(o) is not None] if len(maps) == len(list(op.operands)) else maps[-len(operands):]
         n_dims = maps[0].n_dims if maps else 0
@@ -457,7 +441,11 @@ class _Analyzer:
         out_dims = {e.position for e in maps[-1].results if isinstance(e, ir.AffineDimExpr)} if maps else set()
         reduction = [ranges[d] for d in range(n_dims) if d not in out_dims]
         parallel = [ranges[d] for d in range(n_dims) if d in out_dims]
-        t = _ranked(operands[-1]) if operands else None
+        return self._compute(op, node, operands, shapes, ranges, reduction, parallel, operands[-1] if operands else None)
+
+    def _compute(self, op, node: Node, operands, shapes, ranges, reduction, parallel, typed) -> Compute:
+        """One execution of `op` over `ranges`; `typed` gives the element type (None: f32)."""
+        t = _ranked(typed) if typed is not None else None
         return Compute(
             op=op,
             name=_opname(op),
