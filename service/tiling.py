@@ -18,14 +18,14 @@ import time
 import uuid
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy.orm import Session, sessionmaker
 
 from service.config import Settings
 from service.hardware.model import HardwareModel
-from service.hardware.profiles import UnknownHardwareError, get_profile, list_profiles
+from service.hardware.profiles import get_profile, list_profiles
 from service.ir.mlir import provider_version
 from service.ir.sandbox import Sandbox, result_of
 from service.search.space import SPACE_VERSION

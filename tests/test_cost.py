@@ -1,6 +1,5 @@
 """Cost model on real tiled clones (plans applied by service.ir.transform.apply_plan)."""
 
-from pathlib import Path
 
 import pytest
 

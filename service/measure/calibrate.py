@@ -38,7 +38,6 @@ from .iree import (
     measure_default,
     measure_plan,
     measure_plan_and_default,
-    vector_tile_elements,
 )
 
 # IREE 3.13 rejects vector tiles of 8192 f32 elements or more (iree.MAX_VECTOR_TILE_BYTES).
