@@ -23,9 +23,9 @@ from service.measure.calibrate import (
     load_contraction_workloads,
     sample_plans,
     score,
-    vector_tile_elements,
     with_calibration,
 )
+from service.measure.iree import vector_tile_elements
 
 from _shared import WORKLOADS  # noqa: E402  (../shared beside the repo)
 
