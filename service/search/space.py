@@ -390,8 +390,7 @@ def build_space(graph: OpGraph, hardware: HardwareModel, shape_hints: dict[str, 
         if any(u in claimed for u in fixed):
             notes.append(f"op {anchor}: its fuse group is already tiled with anchor {claimed[next(u for u in fixed if u in claimed)]}")
             continue
-        parallel = [d for d, t in enumerate(op.iterator_types) if t == "parallel"]
-        reduction = [d for d, t in enumerate(op.iterator_types) if t == "reduction"]
+        parallel, reduction = op.parallel_dims, op.reduction_dims
         vec = max(1, vector_bytes // element_bytes(op.element_type))
         innermost = parallel[-1] if parallel else None
         spec = GroupSpec(
@@ -436,7 +435,7 @@ def standalone_group(graph: OpGraph, uid: int, shapes: ShapeContext, hardware: H
         return None
     ranges = shapes.loop_ranges(op)
     sizes = [r if t == "parallel" else 0 for r, t in zip(ranges, op.iterator_types)]
-    par = [d for d, t in enumerate(op.iterator_types) if t == "parallel"]
+    par = op.parallel_dims
     if not par:
         return None
     frac = 1.0
