@@ -108,9 +108,10 @@ class TilingService:
         self.sandbox = sandbox
         self.settings = settings
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-        self._in_flight = 0
         # Queue at most one waiting task per worker; beyond that a client is told to retry.
+        # A semaphore: requests run on many threads, and a plain counter races.
         self.capacity = sandbox.workers * 2
+        self._slots = threading.BoundedSemaphore(self.capacity)
         # Sandbox analyses by module text: a repeated request (the cache-hit path) needs no
         # worker, and concurrent identical requests share one analysis instead of saturating
         # the pool. Values are the worker's JSON answer, so nothing MLIR lives in this process.
@@ -149,13 +150,12 @@ class TilingService:
 
     # -- sandbox with back-pressure
     def _run(self, fn, *args, timeout: float):
-        if self._in_flight >= self.capacity:
+        if not self._slots.acquire(blocking=False):
             raise PoolSaturated(retry_after_s=max(1, int(timeout // 4)))
-        self._in_flight += 1
         try:
             return result_of(self.sandbox.submit(fn, *args, timeout=timeout), timeout)
         finally:
-            self._in_flight -= 1
+            self._slots.release()
 
     def decide(self, request: TilingRequest) -> TilingOutcome:
         from service.search.tasks import search_and_realise
