@@ -13,14 +13,14 @@ each copy sits in. The script is plain MLIR: `iree-opt --transform-interpreter` 
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, field
 
-from .errors import PlanError
+from .errors import Diagnostic, PlanError
 from .graph import UID_ATTR, OpGraph, build_graph, tag_tileable_ops, uid_of, walk_ops
 from .mlir import context, ir, transform_interpreter
 from .origin import LOOP_ATTR, OriginMap, origin_map
-from .errors import Diagnostic
 from .parse import diagnostics_of, location_of
 from .plan import Group, Plan
 
@@ -92,11 +92,12 @@ def _dim_correspondence(graph: OpGraph, anchor: int, members: set[int]) -> dict[
     return corr
 
 
-def _results(map_text: str) -> list[int | None]:
+@functools.lru_cache(maxsize=1024)  # called per edge per plan; the same few maps recur
+def _results(map_text: str) -> tuple[int | None, ...]:
     """Loop dim read by each result of an indexing map (None for non-trivial expressions)."""
     with context():
         amap = ir.AffineMapAttr(ir.Attribute.parse(_as_attr(map_text))).value
-        return [e.position if isinstance(e, ir.AffineDimExpr) else None for e in amap.results]
+        return tuple(e.position if isinstance(e, ir.AffineDimExpr) else None for e in amap.results)
 
 
 def _as_attr(map_text: str) -> str:
