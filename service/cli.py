@@ -417,7 +417,7 @@ def serve_cmd(
     import uvicorn
 
     uvicorn.run("service.api.app:create_app", factory=True, host=host, port=port, workers=workers,
-                log_level=log_level)
+                log_level=log_level, http="httptools", loop="uvloop")
 
 
 if __name__ == "__main__":
