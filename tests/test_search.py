@@ -138,3 +138,41 @@ def test_one_second_budget_returns_a_plan(host):
     assert r.plan["groups"] and r.feasible
     assert not r.complete
     assert r.elapsed_s < 10
+
+
+@pytest.mark.parametrize("name", ["matmul_1024", "conv_relu", "attention_scores"])
+def test_knob_values_become_valid_plans(host, name):
+    # Every knob combination (a seeded sample) makes a group IREE can compile: inner tiles
+    # divide their outer tiles and the vector tile stays under the limit. Valid values pass
+    # through unchanged.
+    import random
+
+    spec = build_space(analyze(source(name)).graph, host, {}).groups[0]
+    knobs = spec.knobs()
+    rng = random.Random(0)
+    combos = [{k.name: rng.choice(k.choices) for k in knobs} for _ in range(300)]
+    unchanged = 0
+    for params in combos:
+        group = spec.to_group(params)
+        assert not isinstance(group, str), group
+        levels = [lv.tile_sizes for lv in group.levels] + [[0] * len(spec.ranges)] * (3 - len(group.levels))
+        outer, inner, red = levels[:3]
+        elems = 1
+        for d, kind in enumerate(spec.iterator_types):
+            span = outer[d] or spec.ranges[d]
+            if inner[d]:
+                assert inner[d] < span and span % inner[d] == 0
+            elems *= (inner[d] or span) if kind == "parallel" else (red[d] or spec.ranges[d])
+        assert elems * spec.elem_bytes < spec.vector_limit_bytes
+        asked = [params[f"{spec.name}.inner.d{d}"] for d in spec.inner_choices]
+        unchanged += asked == [inner[d] for d in spec.inner_choices]
+    assert unchanged > 0
+
+
+def test_tpe_does_not_repeat_plans(host):
+    # A converging TPE re-proposes its favourite; with the plan identity it proposes a new
+    # neighbour instead, so (almost) every suggestion is a new evaluation.
+    r = tune(source("matmul_1024"), host, budget=120, strategy="tpe", seed=0, workers=1)
+    searched = [t for t in r.trials if t.source == "tpe"]
+    assert r.evaluations == 120
+    assert sum(t.cached for t in searched) <= 3

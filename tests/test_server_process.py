@@ -72,10 +72,9 @@ def test_client_miss_then_hit_on_the_same_decision(server: str) -> None:
         assert {d.id for d in again} == {first.id}
         assert client.get(first.id).plan == first.plan
         trials = client.all_trials(first.id)
-        # The budget counts searched plans; the super-tiling baseline and the untiled module are
-        # always scored on top.
-        assert first.search_stats["evaluations"] == 6
-        assert len(trials) == 6 + 2
+        # Every distinct plan the search evaluated is stored (repeats are stored as trials too).
+        distinct = {json.dumps(t.plan, sort_keys=True) for t in trials if t.plan is not None}
+        assert len(distinct) == first.search_stats["evaluations"] == 6
         assert first.id in [d.id for d in client.iter_decisions(fingerprint=first.module_fingerprint)]
         assert "host-cpu" in [h.name for h in client.hardware()]
 

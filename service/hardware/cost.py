@@ -199,6 +199,8 @@ class _Analyzer:
         self.nodes: dict[int, Node] = {}
         args = list(func.regions[0].blocks[0].arguments)
         self.arg_names = {a: f"arg{i}" for i, a in enumerate(args)}
+        self.intermediate_peaks: dict[int, int] = {}  # node id -> _intermediate_peak
+        self.used: dict = {}  # op -> values used in it and its regions
 
     # ----- values
     def int_value(self, v: ir.Value) -> int | None:
@@ -331,12 +333,12 @@ class _Analyzer:
             return c
         if isinstance(v, ir.OpResult) and _opname(v.owner).startswith("affine."):
             return (_opname(v.owner), str(v.owner.attributes["map"]), tuple(self.offset_key(o) for o in v.owner.operands))
-        return ("v", v.get_name())
+        return ("v", v)
 
     def value_key(self, v: ir.Value):
-        if isinstance(v, ir.BlockArgument):
-            return ("blockarg", id(v.owner), v.arg_number) if v not in self.arg_names else ("arg", self.arg_names[v])
-        return ("res", v.get_name())
+        # Values hash by identity of the underlying IR value; get_name() would run the printer
+        # (~70 us a call, the cost model's hottest line).
+        return ("arg", self.arg_names[v]) if v in self.arg_names else ("value", v)
 
     def bytes_of(self, v: ir.Value, shape: list[int] | None = None) -> int:
         t = _ranked(v)
@@ -562,10 +564,16 @@ def _outside_slices(node: Node, an: _Analyzer) -> list[tuple[Slice, int]]:
 
 def _intermediate_peak(node: Node, an: _Analyzer) -> int:
     """Peak bytes of intermediates (linalg results used by later ops) live at once in node's body."""
+    if node.id not in an.intermediate_peaks:
+        an.intermediate_peaks[node.id] = _compute_intermediate_peak(node, an)
+    return an.intermediate_peaks[node.id]
+
+
+def _compute_intermediate_peak(node: Node, an: _Analyzer) -> int:
     items = node.items
     index_of_use: dict[ir.Value, int] = {}
     for i, op in enumerate(items):
-        for v in _values_used(op):
+        for v in _values_used(op, an.used):
             index_of_use[v] = i
     live: dict[ir.Value, tuple[int, int, int]] = {}  # value -> (start, end, bytes)
     for i, op in enumerate(items):
@@ -594,12 +602,17 @@ def _intermediate_peak(node: Node, an: _Analyzer) -> int:
     return peak
 
 
-def _values_used(op) -> list[ir.Value]:
+def _values_used(op, memo: dict | None = None) -> list[ir.Value]:
+    """Operands of op and of every op nested in it (memo: op -> result, shared across nodes)."""
+    if memo is not None and op in memo:
+        return memo[op]
     out = list(op.operands)
     for region in op.regions:
         for block in region.blocks:
             for inner in block.operations:
-                out.extend(_values_used(inner))
+                out.extend(_values_used(inner, memo))
+    if memo is not None:
+        memo[op] = out
     return out
 
 

@@ -401,7 +401,7 @@ def _search(
             for gi, spec in enumerate(space.groups):
                 group_budget = (budget - evaluator.evaluations) // (n_groups - gi)
                 spent_at_start = evaluator.evaluations
-                strat = make_strategy(strategy, spec.knobs(), seed + gi, warm_by_group[spec.name])
+                strat = make_strategy(strategy, spec.knobs(), seed + gi, warm_by_group[spec.name], identity=spec.identity)
                 group_best: tuple[Evaluation, dict] | None = None
                 idle = 0
                 exhausted = False

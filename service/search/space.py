@@ -12,6 +12,7 @@ plus one fuse-or-not switch per optional boundary op.
 
 from __future__ import annotations
 
+import json
 import math
 from collections import deque
 from dataclasses import dataclass, field
@@ -145,23 +146,11 @@ class GroupSpec:
             inner[d] = params[f"{self.name}.inner.d{d}"]
         for d in self.reduction_choices:
             red[d] = params[f"{self.name}.red.d{d}"]
-        for d in range(rank):
-            if inner[d]:
-                span = outer[d] or self.ranges[d]
-                if inner[d] >= span:
-                    return f"inner tile {inner[d]} on dim {d} is not smaller than the outer tile {span}"
-                if span % inner[d]:
-                    return f"inner tile {inner[d]} on dim {d} does not divide the outer tile {span}"
+        why = self._fit_vector_tile(outer, inner, red)
+        if why is not None:
+            return why
         if not any(outer) and not any(inner) and not any(red):
             return "every tile size is 0: the group tiles nothing"
-        if self.vector_limit_bytes:
-            # IREE's rule: vector tile = innermost parallel tiles (0 = the enclosing extent) x
-            # reduction tiles (0 = the whole reduction); at the limit the compile fails.
-            elems = 1
-            for d, t in enumerate(self.iterator_types):
-                elems *= (inner[d] or outer[d] or self.ranges[d]) if t == "parallel" else (red[d] or self.ranges[d])
-            if elems * self.elem_bytes >= self.vector_limit_bytes:
-                return f"vector tile of {elems} elements ({elems * self.elem_bytes} B) >= the {self.vector_limit_bytes} B limit"
         # Levels are positional (distribution, vector parallel, vector reduction, as IREE's CPU
         # config): an untiled level stays as zeros unless nothing follows it.
         levels = [
@@ -186,6 +175,52 @@ class GroupSpec:
             # uses outside the loop into an scf.for; only scf.forall survives it.
             return f"op(s) {shared} feed consumers outside the group: fusing them needs forall loops only (scf.for fusion aborts MLIR)"
         return Group(anchor=self.anchor, fuse=sorted(fuse), levels=levels)
+
+    def identity(self, params: dict) -> str:
+        """A key of the plan group these knob values make: equal for knob values that make the
+        same group (the repair below, fuse switches under an un-fused parent, ...)."""
+        grp = self.to_group(params)
+        if isinstance(grp, str):
+            return "invalid:" + json.dumps(params, sort_keys=True)
+        return grp.model_dump_json()
+
+    def _fit_vector_tile(self, outer: list[int], inner: list[int], red: list[int]) -> str | None:
+        """Make the knob values a valid plan, in place: knob values are upper bounds, each tile
+        becomes the largest valid choice at or below it. An inner tile must be smaller than and
+        divide its outer tile; the vector tile (IREE's rule: innermost parallel tiles, 0 = the
+        enclosing extent, times reduction tiles, 0 = the whole reduction) must stay under the
+        hardware limit, so the largest of its extents shrinks until it does. A repair rather
+        than a rejection: most raw knob combinations break one of these, and every rejected
+        suggestion costs the sampler a full ask. Returns why no valid plan is near, or None."""
+        for d, choices in self.inner_choices.items():
+            span = outer[d] or self.ranges[d]
+            if inner[d] and (inner[d] >= span or span % inner[d]):
+                inner[d] = max((c for c in choices if 0 < c < min(inner[d], span) and span % c == 0), default=0)
+        if not self.vector_limit_bytes:
+            return None
+
+        def extent(d: int) -> int:
+            if self.iterator_types[d] == "parallel":
+                return inner[d] or outer[d] or self.ranges[d]
+            return red[d] or self.ranges[d]
+
+        while (elems := math.prod(extent(d) for d in range(len(self.ranges)))) * self.elem_bytes >= self.vector_limit_bytes:
+            shrinkable = []
+            for d, choices in self.reduction_choices.items():
+                smaller = [c for c in choices if 0 < c < extent(d)]
+                if smaller:
+                    shrinkable.append((extent(d), 1, d, max(smaller), red))
+            for d, choices in self.inner_choices.items():
+                span = outer[d] or self.ranges[d]
+                smaller = [c for c in choices if 0 < c < extent(d) and span % c == 0]
+                if smaller:
+                    shrinkable.append((extent(d), 0, d, max(smaller), inner))
+            if not shrinkable:
+                return f"vector tile of {elems} elements ({elems * self.elem_bytes} B) >= the {self.vector_limit_bytes} B limit, and no smaller tile choice"
+            # The largest extent shrinks first; on ties the reduction (IREE's default is small).
+            _, _, d, size, tiles = max(shrinkable, key=lambda t: (t[0], t[1], -t[2]))
+            tiles[d] = size
+        return None
 
     def default_params(self) -> dict:
         """A modest starting point: 64-wide distribution tiles, everything optional fused."""

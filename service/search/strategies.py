@@ -5,7 +5,11 @@
     s.tell(c, evaluation)    # what the engine found
 
 All are deterministic for a given seed when told results in the order they were suggested
-(the engine guarantees that, even with a process pool). `supertiling` is seed 000 as written;
+(the engine guarantees that, even with a process pool). With `identity` (knob values -> the
+plan they make; many knob values make the same plan), tpe, random and exhaustive avoid
+proposing a plan they proposed before: a repeat costs the engine nothing to evaluate, but it
+costs Optuna a full `ask`, and a converging TPE repeats itself far more often than it finds
+something new. `supertiling` is seed 000 as written;
 it proposes one whole plan and is scored by every search as the baseline.
 """
 
@@ -16,7 +20,7 @@ import logging
 import math
 import random
 from collections import deque
-from typing import Protocol
+from typing import Any, Callable, Hashable, Protocol
 
 import optuna
 
@@ -32,6 +36,9 @@ from .space import Knob, ShapeContext, innermost_memory, op_bytes
 STRATEGIES = ("tpe", "nsga2", "random", "exhaustive", "supertiling")
 # Optuna needs finite objective values: unusable candidates get this instead of infinity.
 _WORST = 1e9
+# Redraws (random) or neighbours (tpe) tried for a plan not proposed before.
+_NOVELTY_TRIES = 64
+Identity = Callable[[dict[str, Any]], Hashable]
 
 optuna.logging.set_verbosity(logging.WARNING)
 
@@ -45,11 +52,22 @@ class Strategy(Protocol):
 
 
 class OptunaStrategy:
-    """TPE (latency, feasibility as a constraint) or NSGA-II (latency vs peak footprint)."""
+    """TPE (latency, feasibility as a constraint) or NSGA-II (latency vs peak footprint).
 
-    def __init__(self, name: str, knobs: list[Knob], seed: int, warm_start: list[dict] | None = None) -> None:
+    TPE with `identity`: when the sampler proposes a plan already proposed, the asked trial is
+    dropped (FAIL: TPE ignores it, and the plan's result is in the study already) and a
+    neighbour is proposed instead: one to three knobs of the proposal changed at random
+    (seeded), the first whose plan is new. Its result enters the study as a completed trial
+    with the same constraint, so TPE learns from it like from its own."""
+
+    def __init__(self, name: str, knobs: list[Knob], seed: int, warm_start: list[dict] | None = None,
+                 identity: Identity | None = None) -> None:
         self.name = name
         self.knobs = knobs
+        self.identity = identity if name == "tpe" else None  # NSGA-II keeps its generations
+        self.seen: set = set()
+        self.rng = random.Random(seed)
+        self.distributions = {k.name: optuna.distributions.CategoricalDistribution(k.choices) for k in knobs}
         if name == "nsga2":
             sampler = optuna.samplers.NSGAIISampler(seed=seed, population_size=20)
             self.study = optuna.create_study(directions=["minimize", "minimize"], sampler=sampler)
@@ -64,32 +82,80 @@ class OptunaStrategy:
     def suggest(self) -> Candidate | None:
         trial = self.study.ask()
         params = {k.name: trial.suggest_categorical(k.name, k.choices) for k in self.knobs}
-        return Candidate(params=params, source=self.name, token=trial)
+        if self.identity is None:
+            return Candidate(params=params, source=self.name, token=trial)
+        key = self.identity(params)
+        if key not in self.seen:
+            self.seen.add(key)
+            return Candidate(params=params, source=self.name, token=trial)
+        neighbour = _novel_neighbour(params, self.knobs, self.identity, self.seen, self.rng)
+        if neighbour is None:  # nothing new nearby: let the repeat through (the engine counts it idle)
+            return Candidate(params=params, source=self.name, token=trial)
+        self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
+        return Candidate(params=neighbour, source=self.name, token=None)
 
     def tell(self, candidate: Candidate, evaluation: Evaluation) -> None:
-        trial = candidate.token
         usable = evaluation.latency_s is not None
         # Feasibility as an Optuna constraint (<= 0 satisfied); samplers prefer feasible trials.
-        trial.set_constraint("infeasible", 0.0 if evaluation.feasible else 1.0)
+        constraint = 0.0 if evaluation.feasible else 1.0
         latency = min(evaluation.objective, _WORST) if usable else _WORST
         if self.name == "nsga2":
             footprint = float(evaluation.peak_footprint_bytes) if evaluation.peak_footprint_bytes is not None else _WORST
-            self.study.tell(trial, [latency, footprint])
+            values = [latency, footprint]
         else:
-            self.study.tell(trial, latency)
+            values = [latency]
+        trial = candidate.token
+        if trial is None:  # a neighbour proposed in place of a repeat
+            self.study.add_trial(optuna.trial.create_trial(
+                params=candidate.params, distributions=self.distributions, values=values,
+                system_attrs={"constraints:infeasible": constraint},
+            ))
+            return
+        trial.set_constraint("infeasible", constraint)
+        self.study.tell(trial, values)
+
+
+def _novel_neighbour(params: dict, knobs: list[Knob], identity: Identity, seen: set, rng: random.Random) -> dict | None:
+    """Knob values near `params` whose plan was not proposed yet (added to `seen`), or None."""
+    changeable = [k for k in knobs if len(k.choices) > 1]
+    if not changeable:
+        return None
+    for attempt in range(_NOVELTY_TRIES):
+        cand = dict(params)
+        for k in rng.sample(changeable, min(len(changeable), 1 + attempt * 3 // _NOVELTY_TRIES)):
+            cand[k.name] = rng.choice([c for c in k.choices if c != params[k.name]])
+        key = identity(cand)
+        if key not in seen:
+            seen.add(key)
+            return cand
+    return None
 
 
 class RandomStrategy:
-    def __init__(self, knobs: list[Knob], seed: int, warm_start: list[dict] | None = None) -> None:
+    def __init__(self, knobs: list[Knob], seed: int, warm_start: list[dict] | None = None,
+                 identity: Identity | None = None) -> None:
         self.name = "random"
         self.knobs = knobs
         self.rng = random.Random(seed)
         self.queue = deque(warm_start or [])
+        self.identity = identity
+        self.seen: set = set()
 
     def suggest(self) -> Candidate | None:
         if self.queue:
-            return Candidate(params=self.queue.popleft(), source=self.name)
-        return Candidate(params={k.name: self.rng.choice(k.choices) for k in self.knobs}, source=self.name)
+            params = self.queue.popleft()
+            if self.identity is not None:
+                self.seen.add(self.identity(params))
+            return Candidate(params=params, source=self.name)
+        for _ in range(_NOVELTY_TRIES if self.identity is not None else 1):
+            params = {k.name: self.rng.choice(k.choices) for k in self.knobs}
+            if self.identity is None:
+                break
+            key = self.identity(params)
+            if key not in self.seen:
+                self.seen.add(key)
+                break
+        return Candidate(params=params, source=self.name)
 
     def tell(self, candidate: Candidate, evaluation: Evaluation) -> None:
         pass
@@ -98,20 +164,31 @@ class RandomStrategy:
 class ExhaustiveStrategy:
     """Every combination in a fixed order (complete only when the space fits the budget)."""
 
-    def __init__(self, knobs: list[Knob], seed: int = 0, warm_start: list[dict] | None = None) -> None:
+    def __init__(self, knobs: list[Knob], seed: int = 0, warm_start: list[dict] | None = None,
+                 identity: Identity | None = None) -> None:
         self.name = "exhaustive"
         self.knobs = knobs
         self.size = math.prod(len(k.choices) for k in knobs)
         self.queue = deque(warm_start or [])
         self._it = itertools.product(*[k.choices for k in knobs])
+        self.identity = identity
+        self.seen: set = set()
 
     def suggest(self) -> Candidate | None:
         if self.queue:
-            return Candidate(params=self.queue.popleft(), source=self.name)
-        values = next(self._it, None)
-        if values is None:
-            return None
-        return Candidate(params=dict(zip((k.name for k in self.knobs), values)), source=self.name)
+            params = self.queue.popleft()
+            if self.identity is not None:
+                self.seen.add(self.identity(params))
+            return Candidate(params=params, source=self.name)
+        for values in self._it:
+            params = dict(zip((k.name for k in self.knobs), values))
+            if self.identity is not None:
+                key = self.identity(params)
+                if key in self.seen:
+                    continue  # the same plan as an earlier combination
+                self.seen.add(key)
+            return Candidate(params=params, source=self.name)
+        return None
 
     def tell(self, candidate: Candidate, evaluation: Evaluation) -> None:
         pass
@@ -135,13 +212,15 @@ class SuperTilingStrategy:
         pass
 
 
-def make_strategy(name: str, knobs: list[Knob], seed: int, warm_start: list[dict] | None = None) -> Strategy:
+def make_strategy(name: str, knobs: list[Knob], seed: int, warm_start: list[dict] | None = None,
+                  identity: Identity | None = None) -> Strategy:
+    """`identity`: knob values -> a key of the plan they make (see the module docstring)."""
     if name in ("tpe", "nsga2"):
-        return OptunaStrategy(name, knobs, seed, warm_start)
+        return OptunaStrategy(name, knobs, seed, warm_start, identity)
     if name == "random":
-        return RandomStrategy(knobs, seed, warm_start)
+        return RandomStrategy(knobs, seed, warm_start, identity)
     if name == "exhaustive":
-        return ExhaustiveStrategy(knobs, seed, warm_start)
+        return ExhaustiveStrategy(knobs, seed, warm_start, identity)
     raise ValueError(f"unknown strategy {name!r}; choose one of {', '.join(STRATEGIES)}")
 
 
