@@ -53,11 +53,12 @@ SETTINGS = BenchSettings(repetitions=3, min_time_s=0.05)  # same as calibrate: s
 # (3 alternating rounds of plan / IREE default per plan)
 
 
-def measured_samples(w: ContractionWorkload, want: int, cache: MeasurementCache, timing: str, log) -> list[Sample]:
+def measured_samples(w: ContractionWorkload, want: int, cache: MeasurementCache, timing: str, log,
+                     seed: int = 0) -> list[Sample]:
     """`want` plans that IREE compiled and ran, each timed paired with IREE's default (samples
     more when some fail)."""
     samples: list[Sample] = []
-    for plan in sample_plans(w, want + 8):
+    for plan in sample_plans(w, want + 8, seed):
         if len([s for s in samples if s.raw_s]) >= want:
             break
         s = paired_sample(w, plan, SETTINGS, cache, timing)
@@ -90,6 +91,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workloads", type=Path, default=Path(__file__).resolve().parents[2] / "shared" / "workloads")
     ap.add_argument("--plans", type=int, default=20)
+    ap.add_argument("--seed", type=int, default=0,
+                    help="which plans to sample: another seed measures plans the model was not tuned on")
     ap.add_argument("--hardware", default="host-cpu")
     ap.add_argument("--timing", choices=TIMINGS, default="cpu",
                     help="cpu: CPU time per worker thread (robust to other load); wall: wall time "
@@ -107,7 +110,7 @@ def main() -> None:
     defaults: dict[str, float | None] = {}
     for w in workloads:
         log(f"measuring {w.name}")
-        samples[w.name] = [s for s in measured_samples(w, args.plans, cache, args.timing, log) if s.measured_s]
+        samples[w.name] = [s for s in measured_samples(w, args.plans, cache, args.timing, log, args.seed) if s.measured_s]
         # IREE's default: the median of its timings paired with each plan (same load as them).
         paired = [s.default_s for s in samples[w.name] if s.default_s]
         defaults[w.name] = statistics.median(paired) if paired else None

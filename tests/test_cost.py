@@ -161,3 +161,74 @@ def test_register_tile_that_spills_is_predicted_slower() -> None:
     fits, spills, too_few = latency([8, 32]), latency([32, 32]), latency([2, 16])
     assert spills > 1.5 * fits
     assert too_few > 2 * fits  # 2 accumulators cannot fill 8 FMA slots
+
+
+def _matmul_plan(dist: list[int], vec: list[int], red: int) -> Plan:
+    return Plan.model_validate({"groups": [{"anchor": 1, "fuse": [0], "levels": [
+        {"tile_sizes": dist + [0], "loop": "forall"},
+        {"tile_sizes": vec + [0], "loop": "for"},
+        {"tile_sizes": [0, 0, red], "loop": "for"}]}]})
+
+
+def _avx512_host():
+    hw = get_profile("host-cpu")
+    if hw.compute.vector_registers is None or hw.compute.vector_width_bytes < 64:
+        pytest.skip("register-tile numbers below assume AVX-512")
+    return hw
+
+
+def test_loop_carried_accumulator_moves_once_per_reduction_loop() -> None:
+    """The k loop carries the C tile in iter_args; the compiler keeps it in registers, so the
+    innermost level moves A and B per step but C once per loop run: a reduction tile of 1
+    must not cost 16x the accumulator traffic of a reduction tile of 16."""
+    hw = _avx512_host()
+    with context():
+        tagged = tag_tileable_ops(parse_module((WORKLOADS / "matmul_1024.mlir").read_text()))
+
+    def innermost_traffic(red: int) -> int:
+        cost = estimate_cost(apply_plan(tagged, _matmul_plan([256, 256], [8, 32], red)).module, hw)
+        return cost.levels[-1].traffic_bytes
+
+    step_1, step_16 = innermost_traffic(1), innermost_traffic(16)
+    # A (8 x k) and B (k x 32) bytes are the same in total; C is 8x32 per run of the k loop.
+    assert step_1 < 1.2 * step_16
+    ab = 2 * 1024**3 // (8 * 32) * (8 + 32) * 4  # A and B bytes over the whole matmul
+    assert step_16 < 2 * ab
+
+
+def test_rows_of_a_held_in_registers_count_against_the_file() -> None:
+    """A 32x16 tile with a reduction tile of 4 loads 32 rows of A as vectors beside 32
+    accumulators and spills (measured 4-6x slower than 16x32 with a reduction tile of 1,
+    which broadcasts A straight from memory)."""
+    hw = _avx512_host()
+    with context():
+        tagged = tag_tileable_ops(parse_module((WORKLOADS / "matmul_1024.mlir").read_text()))
+
+    def latency(vec: list[int], red: int) -> float:
+        return estimate_cost(apply_plan(tagged, _matmul_plan([64, 256], vec, red)).module, hw).latency_s
+
+    assert latency([32, 16], 4) > 1.5 * latency([16, 32], 1)
+
+
+def test_overlap_between_compute_and_memory() -> None:
+    from service.hardware.cost import overlapped
+
+    assert overlapped([3.0, 4.0], 1) == pytest.approx(7.0)  # no overlap: one after the other
+    assert overlapped([3.0, 4.0], 64) == pytest.approx(4.0, rel=1e-3)  # the roofline max
+    assert 4.0 < overlapped([3.0, 4.0], 3) < 7.0
+    assert overlapped([0.0, 0.0], 3) == 0.0
+
+
+def test_innermost_loop_overhead_share() -> None:
+    """Out-of-order cores hide the innermost loop's bookkeeping under its vector work; a
+    DMA-driven engine pays it per tile."""
+    with context():
+        tagged = tag_tileable_ops(parse_module((WORKLOADS / "matmul_1024.mlir").read_text()))
+        tiled = apply_plan(tagged, _matmul_plan([64, 64], [8, 32], 1)).module
+    base = get_profile("host-cpu")
+    hidden = estimate_cost(tiled, base.model_copy(update={"innermost_loop_overhead_fraction": 0.0}))
+    paid = estimate_cost(tiled, base.model_copy(update={"innermost_loop_overhead_fraction": 1.0}))
+    k_steps = 1024**3 // (8 * 32)  # iterations of the innermost (k) loop
+    extra = paid.nests[0].overhead_s - hidden.nests[0].overhead_s
+    assert extra == pytest.approx(k_steps * base.loop_overhead_s / 2, rel=0.01)  # over 2 cores
+    assert paid.latency_s > hidden.latency_s

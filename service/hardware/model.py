@@ -128,6 +128,19 @@ class HardwareModel(BaseModel):
     )
     compute: Compute
     loop_overhead_s: float = Field(default=2e-9, ge=0, description="Cost of one loop iteration, seconds.")
+    innermost_loop_overhead_fraction: float = Field(
+        default=0.0, ge=0, le=1,
+        description="Share of loop_overhead_s an iteration of an innermost loop costs. An out-of-order "
+                    "core issues that loop's bookkeeping beside the vector work it wraps (0); an "
+                    "in-order or DMA-driven engine pays all of it (1).",
+    )
+    overlap_exponent: float = Field(
+        default=3.0, ge=1, le=64,
+        description="How compute and the memory levels' transfers overlap within a loop nest: "
+                    "latency = (sum of t**p) ** (1/p) over them. Large p approaches the plain roofline "
+                    "max (perfect overlap), 1 is their sum (none). 3 fits the host CPU's IREE "
+                    "measurements (README: cost model fidelity).",
+    )
     # Largest vector tile (elements) the compiler accepts; None = no limit. On host-cpu IREE fails
     # with "large vector sizes" at 8192 f32 elements (32 KiB).
     max_vector_tile_bytes: int | None = Field(default=None, gt=0)

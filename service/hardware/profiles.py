@@ -167,6 +167,7 @@ def npu_sram_256k() -> HardwareModel:
         ],
         compute=Compute(peak_flops_per_s={"f32": 256e9, "bf16": 1e12, "i8": 4e12}, vector_width_bytes=64, cores=1),
         loop_overhead_s=50e-9,  # a DMA descriptor per tile
+        innermost_loop_overhead_fraction=1.0,  # every tile's descriptor, the innermost ones too
     )
 
 

@@ -25,6 +25,7 @@ import numpy as np
 from pydantic import BaseModel, Field
 from scipy import optimize, stats
 
+from service.hardware.cost import overlapped
 from service.hardware.model import Calibration, HardwareModel
 
 from .cache import MeasurementCache, measurement_key
@@ -312,27 +313,29 @@ def measure_samples(
 @dataclass
 class CostTerms:
     """A prediction split into the parts the calibration factors scale, per nest:
-    latency = max(compute / compute_eff, level_time / bandwidth_eff[level]) + overhead * scale."""
+    latency = overlapped(compute / compute_eff, level_time / bandwidth_eff[level]) + overhead * scale."""
 
     nests: list[tuple[float, dict[str, float], float]]  # (compute_s, {level: time_s}, overhead_s)
     feasible: bool
+    overlap_exponent: float
 
     def latency_s(self, cal: Calibration) -> float:
         if not self.feasible:
             return math.inf
         total = 0.0
         for compute_s, level_times, overhead_s in self.nests:
-            slowest = max([compute_s / cal.compute_efficiency]
-                          + [t / cal.bandwidth_efficiency.get(name, 1.0) for name, t in level_times.items()])
-            total += slowest + overhead_s * cal.loop_overhead_scale
+            times = [compute_s / cal.compute_efficiency] + [
+                t / cal.bandwidth_efficiency.get(name, 1.0) for name, t in level_times.items()]
+            total += overlapped(times, self.overlap_exponent) + overhead_s * cal.loop_overhead_scale
         return total
 
 
-def cost_terms(cost: Any) -> CostTerms:
-    """Terms of a Cost estimated under nominal factors (Calibration())."""
+def cost_terms(cost: Any, hardware: HardwareModel) -> CostTerms:
+    """Terms of a Cost estimated under nominal factors (Calibration()) on `hardware`."""
     return CostTerms(
         nests=[(n.compute_s, {lv.name: lv.time_s for lv in n.levels}, n.overhead_s) for n in cost.nests],
         feasible=cost.feasible,
+        overlap_exponent=hardware.overlap_exponent,
     )
 
 
@@ -385,7 +388,7 @@ class Predictor:
         nominal = with_calibration(hardware, Calibration())
         key = (*self._key(workload, plan), nominal.content_hash())
         if key not in self._terms:
-            terms = cost_terms(self.cost(workload, plan, nominal))
+            terms = cost_terms(self.cost(workload, plan, nominal), nominal)
             probe = Calibration(**_PROBE, bandwidth_efficiency={
                 lv.name: 0.3 + 0.1 * i for i, lv in enumerate(nominal.memory_levels)})
             exact = self.exact_latency_s(workload, plan, with_calibration(nominal, probe))
