@@ -900,7 +900,8 @@ def _microkernel_efficiency(c: Compute, level: int, hw: HardwareModel) -> float:
     issues acc FMAs and m + ceil(n/lanes) loads.
     - spills: more registers than the file holds -> accumulators go through L1 each step;
     - pipeline: fewer independent accumulators than latency x ports leaves FMA units idle;
-    - loads: more loads than FMAs per step makes the tile load-bound (as many ports of each).
+    - loads: more loads than FMAs per step makes the tile load-bound (as many ports of each);
+    - rows: tiles taller than the hardware's register_tile_rows run proportionally slower.
     """
     regs = hw.compute.vector_registers
     if regs is None or level < 3 or not c.reduction_tile or len(c.parallel_tile) < 1:
@@ -916,7 +917,9 @@ def _microkernel_efficiency(c: Compute, level: int, hw: HardwareModel) -> float:
     spill = min(1.0, regs / needed)
     pipeline = min(1.0, acc / hw.compute.fma_pipeline_depth)
     loads = min(1.0, acc / (m + n_vecs))
-    return spill * pipeline * loads
+    rows = hw.compute.register_tile_rows
+    tall = min(1.0, rows / m) if rows else 1.0
+    return spill * pipeline * loads * tall
 
 
 def _spilled_fraction(c: Compute, hw: HardwareModel) -> float:

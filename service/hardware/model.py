@@ -60,6 +60,11 @@ class Compute(BaseModel):
     # too few independent accumulators leave the FMA pipelines idle.
     vector_registers: int | None = Field(default=None, ge=1, description="Architectural SIMD registers per core (CPU only).")
     fma_pipeline_depth: int = Field(default=8, ge=1, description="Independent FMAs in flight to saturate a core (latency x ports).")
+    register_tile_rows: int | None = Field(
+        default=None, ge=1,
+        description="Rows of a register tile the compiler's contraction lowering handles at full speed; "
+                    "taller tiles run proportionally slower (CPU only; None = no limit).",
+    )
 
     @field_validator("peak_flops_per_s")
     @classmethod

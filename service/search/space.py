@@ -25,7 +25,7 @@ from service.ir.plan import Group, Level, Plan
 from service.ir.transform import layout_group
 
 ANCHOR_KINDS = ("contraction", "convolution", "reduction")
-SPACE_VERSION = "search-space/2"
+SPACE_VERSION = "search-space/3"
 _ELEMENT_BYTES = {"f64": 8, "i64": 8, "f32": 4, "i32": 4, "f16": 2, "bf16": 2, "i16": 2, "i8": 1, "i1": 1}
 
 
@@ -298,12 +298,14 @@ def outer_sizes(extent: int, min_size: int = 32, max_choices: int = 6) -> list[i
 def inner_sizes(extent: int, vector_elems: int, innermost: bool, many_dims: bool = False) -> list[int]:
     """Register-level tiles: multiples of the vector width on the innermost dim, small elsewhere
     (and 1 when the anchor has many parallel dims, e.g. convolutions, to fit a vector tile)."""
-    cands = [vector_elems * m for m in (1, 2)] if innermost else ([1, 4, 8] if many_dims else [4, 8])
+    cands = [vector_elems * m for m in (1, 2)] if innermost else ([1, 4, 8] if many_dims else [4, 8, 16])
     return [0, *[s for s in cands if s < extent]]
 
 
 def reduction_sizes(extent: int) -> list[int]:
-    return [0, *[s for s in _pow2_upto(extent, 8) if s <= 128]]
+    """Reduction tiles of the vector level: 1 (A broadcast straight from memory, measured among
+    the best on this CPU with wide register tiles) up to 128."""
+    return [0, *[s for s in _pow2_upto(extent, 1) if s <= 128]]
 
 
 # --------------------------------------------------------------------------- building the space
