@@ -51,6 +51,24 @@ class Strategy(Protocol):
     def tell(self, candidate: Candidate, evaluation: Evaluation) -> None: ...
 
 
+class _Proposed:
+    """The plans a strategy proposed so far, by `identity` (without one, every proposal is new)."""
+
+    def __init__(self, identity: Identity | None) -> None:
+        self.identity = identity
+        self.seen: set = set()
+
+    def is_new(self, params: dict) -> bool:
+        """True the first time these knob values' plan is proposed (and remember it)."""
+        if self.identity is None:
+            return True
+        key = self.identity(params)
+        if key in self.seen:
+            return False
+        self.seen.add(key)
+        return True
+
+
 class OptunaStrategy:
     """TPE (latency, feasibility as a constraint) or NSGA-II (latency vs peak footprint).
 
@@ -64,8 +82,8 @@ class OptunaStrategy:
                  identity: Identity | None = None) -> None:
         self.name = name
         self.knobs = knobs
-        self.identity = identity if name == "tpe" else None  # NSGA-II keeps its generations
-        self.seen: set = set()
+        # NSGA-II keeps its own generations: only TPE swaps repeats for neighbours.
+        self.proposed = _Proposed(identity) if name == "tpe" and identity is not None else None
         self.rng = random.Random(seed)
         self.distributions = {k.name: optuna.distributions.CategoricalDistribution(k.choices) for k in knobs}
         if name == "nsga2":
@@ -82,13 +100,9 @@ class OptunaStrategy:
     def suggest(self) -> Candidate | None:
         trial = self.study.ask()
         params = {k.name: trial.suggest_categorical(k.name, k.choices) for k in self.knobs}
-        if self.identity is None:
+        if self.proposed is None or self.proposed.is_new(params):
             return Candidate(params=params, source=self.name, token=trial)
-        key = self.identity(params)
-        if key not in self.seen:
-            self.seen.add(key)
-            return Candidate(params=params, source=self.name, token=trial)
-        neighbour = _novel_neighbour(params, self.knobs, self.identity, self.seen, self.rng)
+        neighbour = _novel_neighbour(params, self.knobs, self.proposed, self.rng)
         if neighbour is None:  # nothing new nearby: let the repeat through (the engine counts it idle)
             return Candidate(params=params, source=self.name, token=trial)
         self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
@@ -115,8 +129,8 @@ class OptunaStrategy:
         self.study.tell(trial, values)
 
 
-def _novel_neighbour(params: dict, knobs: list[Knob], identity: Identity, seen: set, rng: random.Random) -> dict | None:
-    """Knob values near `params` whose plan was not proposed yet (added to `seen`), or None."""
+def _novel_neighbour(params: dict, knobs: list[Knob], proposed: _Proposed, rng: random.Random) -> dict | None:
+    """Knob values near `params` whose plan was not proposed yet (now recorded), or None."""
     changeable = [k for k in knobs if len(k.choices) > 1]
     if not changeable:
         return None
@@ -124,9 +138,7 @@ def _novel_neighbour(params: dict, knobs: list[Knob], identity: Identity, seen: 
         cand = dict(params)
         for k in rng.sample(changeable, min(len(changeable), 1 + attempt * 3 // _NOVELTY_TRIES)):
             cand[k.name] = rng.choice([c for c in k.choices if c != params[k.name]])
-        key = identity(cand)
-        if key not in seen:
-            seen.add(key)
+        if proposed.is_new(cand):
             return cand
     return None
 
@@ -138,22 +150,16 @@ class RandomStrategy:
         self.knobs = knobs
         self.rng = random.Random(seed)
         self.queue = deque(warm_start or [])
-        self.identity = identity
-        self.seen: set = set()
+        self.proposed = _Proposed(identity)
 
     def suggest(self) -> Candidate | None:
         if self.queue:
             params = self.queue.popleft()
-            if self.identity is not None:
-                self.seen.add(self.identity(params))
+            self.proposed.is_new(params)
             return Candidate(params=params, source=self.name)
-        for _ in range(_NOVELTY_TRIES if self.identity is not None else 1):
+        for _ in range(_NOVELTY_TRIES):
             params = {k.name: self.rng.choice(k.choices) for k in self.knobs}
-            if self.identity is None:
-                break
-            key = self.identity(params)
-            if key not in self.seen:
-                self.seen.add(key)
+            if self.proposed.is_new(params):
                 break
         return Candidate(params=params, source=self.name)
 
@@ -171,23 +177,17 @@ class ExhaustiveStrategy:
         self.size = math.prod(len(k.choices) for k in knobs)
         self.queue = deque(warm_start or [])
         self._it = itertools.product(*[k.choices for k in knobs])
-        self.identity = identity
-        self.seen: set = set()
+        self.proposed = _Proposed(identity)
 
     def suggest(self) -> Candidate | None:
         if self.queue:
             params = self.queue.popleft()
-            if self.identity is not None:
-                self.seen.add(self.identity(params))
+            self.proposed.is_new(params)
             return Candidate(params=params, source=self.name)
         for values in self._it:
             params = dict(zip((k.name for k in self.knobs), values))
-            if self.identity is not None:
-                key = self.identity(params)
-                if key in self.seen:
-                    continue  # the same plan as an earlier combination
-                self.seen.add(key)
-            return Candidate(params=params, source=self.name)
+            if self.proposed.is_new(params):  # else: the same plan as an earlier combination
+                return Candidate(params=params, source=self.name)
         return None
 
     def tell(self, candidate: Candidate, evaluation: Evaluation) -> None:
