@@ -906,8 +906,7 @@ def _microkernel_efficiency(c: Compute, level: int, hw: HardwareModel) -> float:
     regs = hw.compute.vector_registers
     if regs is None or level < 3 or not c.reduction_tile or len(c.parallel_tile) < 1:
         return 1.0
-    lanes = max(1, hw.compute.vector_width_bytes // c.element_bytes)
-    n_vecs = math.ceil(c.parallel_tile[-1] / lanes)
+    n_vecs = _vectors_per_row(c, hw)
     m = math.prod(c.parallel_tile[:-1]) if len(c.parallel_tile) > 1 else 1
     acc = m * n_vecs
     # With a reduction tile > 1 each row of A arrives as a vector and stays live while its
@@ -922,6 +921,12 @@ def _microkernel_efficiency(c: Compute, level: int, hw: HardwareModel) -> float:
     return spill * pipeline * loads * tall
 
 
+def _vectors_per_row(c: Compute, hw: HardwareModel) -> int:
+    """Vector registers one row of the register tile spans (its innermost parallel extent)."""
+    lanes = max(1, hw.compute.vector_width_bytes // c.element_bytes)
+    return math.ceil((c.parallel_tile[-1] if c.parallel_tile else 1) / lanes)
+
+
 def _spilled_fraction(c: Compute, hw: HardwareModel) -> float:
     """Fraction of an accumulator tile that does not fit the vector register file beside one
     row of B and a broadcast of A (all of it when the register file is unknown)."""
@@ -929,8 +934,7 @@ def _spilled_fraction(c: Compute, hw: HardwareModel) -> float:
     if regs is None:
         return 1.0
     acc_regs = math.ceil(c.carried_acc_bytes / 2 / hw.compute.vector_width_bytes)  # init + result: one tile
-    lanes = max(1, hw.compute.vector_width_bytes // c.element_bytes)
-    spare = regs - math.ceil((c.parallel_tile[-1] if c.parallel_tile else 1) / lanes) - 1
+    spare = regs - _vectors_per_row(c, hw) - 1
     return max(0.0, 1.0 - max(0, spare) / acc_regs) if acc_regs else 0.0
 
 
