@@ -142,6 +142,30 @@ def test_function_declarations_are_skipped() -> None:
     assert cost.flops == 2 * 128**3
 
 
+def test_dead_ops_cost_nothing_and_nested_uses_keep_producers_live() -> None:
+    """A linalg op nobody uses is not a nest; one used only inside a later loop (an un-fused
+    producer read by the loop's extract_slice) is."""
+    text = """
+func.func @f(%a: tensor<64x64xf32>, %b: tensor<64x64xf32>) -> tensor<64x64xf32> {
+  %e = tensor.empty() : tensor<64x64xf32>
+  %dead = linalg.map {arith.addf} ins(%a, %b : tensor<64x64xf32>, tensor<64x64xf32>) outs(%e : tensor<64x64xf32>)
+  %p = linalg.map {arith.mulf} ins(%a, %b : tensor<64x64xf32>, tensor<64x64xf32>) outs(%e : tensor<64x64xf32>)
+  %c = linalg.map {math.exp} ins(%p : tensor<64x64xf32>) outs(%e : tensor<64x64xf32>)
+  return %c : tensor<64x64xf32>
+}"""
+    hw = get_profile("host-cpu")
+    with context():
+        tagged = tag_tileable_ops(parse_module(text))
+        untiled = estimate_cost(tagged, hw)
+        # Tile only the exp: the mul stays a top-level op read inside exp's loop.
+        tiled = apply_plan(tagged, Plan.model_validate({"groups": [{"anchor": 2, "levels": [{"tile_sizes": [16, 16], "loop": "forall"}]}]})).module
+        cost = estimate_cost(tiled, hw)
+    assert [n.root_op for n in untiled.nests] == ["linalg.map", "linalg.map"]
+    assert untiled.flops == 2 * 64 * 64
+    assert [n.root_op for n in cost.nests] == ["linalg.map", "scf.forall"]
+    assert cost.unfused_intermediate_bytes == 64 * 64 * 4
+
+
 def _matmul_plan(dist: list[int], vec: list[int], red: int) -> Plan:
     return Plan.model_validate({"groups": [{"anchor": 1, "fuse": [0], "levels": [
         {"tile_sizes": dist + [0], "loop": "forall"},

@@ -88,3 +88,13 @@ def test_json_profile_overrides_builtin(tmp_path, monkeypatch):
     assert get_profile("npu-sram-256k").loop_overhead_s == 1e-6
     (tmp_path / "custom.json").write_text(json.dumps({**npu.model_dump(mode="json"), "name": "custom"}))
     assert "custom" in list_profiles()
+
+
+def test_content_hash_follows_the_fields_through_copies():
+    # The hash is cached on the (frozen) model: a copy with other fields must not inherit it.
+    npu = get_profile("npu-sram-256k")
+    before = npu.content_hash()
+    changed = npu.model_copy(update={"loop_overhead_s": 1e-6})
+    assert changed.content_hash() != before
+    assert changed.content_hash() == HardwareModel.model_validate_json(changed.canonical_json()).content_hash()
+    assert npu.model_copy().content_hash() == before == npu.content_hash()

@@ -203,7 +203,7 @@ class _Analyzer:
         args = list(func.regions[0].blocks[0].arguments)
         self.arg_names = {a: f"arg{i}" for i, a in enumerate(args)}
         self.intermediate_peaks: dict[int, int] = {}  # node id -> _intermediate_peak
-        self.used: dict = {}  # op -> values used in it and its regions
+        self.outside: dict[int, list] = {}  # node id -> _outside_slices
 
     # ----- values
     def int_value(self, v: ir.Value) -> int | None:
@@ -561,6 +561,12 @@ def _outside_slices(node: Node, an: _Analyzer) -> list[tuple[Slice, int]]:
     """Slices in node's subtree whose data lives outside node, deduplicated, with their union
     bytes over one iteration of node (inner loops that move the slice multiply it, capped at the
     source tensor)."""
+    if node.id not in an.outside:
+        an.outside[node.id] = _compute_outside_slices(node, an)
+    return an.outside[node.id]
+
+
+def _compute_outside_slices(node: Node, an: _Analyzer) -> list[tuple[Slice, int]]:
     seen: dict[tuple, tuple[Slice, int]] = {}
     for n in node.subtree():
         for s in n.slices:
@@ -593,18 +599,15 @@ def _intermediate_peak(node: Node, an: _Analyzer) -> int:
 
 def _compute_intermediate_peak(node: Node, an: _Analyzer) -> int:
     items = node.items
-    index_of_use: dict[ir.Value, int] = {}
-    for i, op in enumerate(items):
-        for v in _values_used(op, an.used):
-            index_of_use[v] = i
+    position = {op.operation: i for i, op in enumerate(items)}
     live: dict[ir.Value, tuple[int, int, int]] = {}  # value -> (start, end, bytes)
     for i, op in enumerate(items):
         if not _is_tileable(op):
             continue
         for r in op.results:
-            end = index_of_use.get(r)
-            users = [_opname(u.owner) for u in r.uses]
-            if end is None or all(u in ("tensor.insert_slice", "tensor.parallel_insert_slice", "scf.yield") for u in users):
+            uses = list(r.uses)
+            end = _last_use(uses, position)
+            if end is None or all(_opname(u.owner) in ("tensor.insert_slice", "tensor.parallel_insert_slice", "scf.yield") for u in uses):
                 continue  # the nest's output tile: counted as its destination slice
             size = an.bytes_of(r)
             inits = _dps_inits(op)
@@ -624,18 +627,23 @@ def _compute_intermediate_peak(node: Node, an: _Analyzer) -> int:
     return peak
 
 
-def _values_used(op, memo: dict | None = None) -> list[ir.Value]:
-    """Operands of op and of every op nested in it (memo: op -> result, shared across nodes)."""
-    if memo is not None and op in memo:
-        return memo[op]
-    out = list(op.operands)
-    for region in op.regions:
-        for block in region.blocks:
-            for inner in block.operations:
-                out.extend(_values_used(inner, memo))
-    if memo is not None:
-        memo[op] = out
-    return out
+def _body_op(op, position: dict):
+    """The op of a body (`position`: its ops) that is `op` or holds it in its regions."""
+    while op is not None and op not in position:
+        op = op.parent
+    return op
+
+
+def _last_use(uses, position: dict) -> int | None:
+    """Index of the last body op (`position`: op -> index) using a value, directly or nested.
+    Walking up from each use is cheaper than walking down every body op's regions."""
+    last = None
+    for use in uses:
+        holder = _body_op(use.owner.operation, position)
+        if holder is not None:
+            i = position[holder]
+            last = i if last is None or i > last else last
+    return last
 
 
 def _footprint(node: Node, an: _Analyzer, cache: dict[int, int]) -> int:
@@ -677,13 +685,17 @@ def _feeds_compute_here(s: Slice, node: Node) -> bool:
 def _top_level_nests(func) -> list:
     """Live top-level loops and standalone tileable ops of a function body, in order."""
     ops = list(func.regions[0].blocks[0].operations)
-    used: set = set()
+    position = {op.operation: i for i, op in enumerate(ops)}
+    live_at: set[int] = set()
     live = []
-    for op in reversed(ops):
-        is_live = _opname(op) == "func.return" or any(r in used for r in op.results)
+    for i in reversed(range(len(ops))):
+        op = ops[i]
+        is_live = _opname(op) == "func.return" or any(
+            position.get(_body_op(u.owner.operation, position)) in live_at for r in op.results for u in r.uses
+        )
         if not is_live:
             continue  # dead code left behind by fusion
-        used.update(_values_used(op))
+        live_at.add(i)
         if _opname(op) in LOOP_OPS or _is_tileable(op):
             live.append(op)
     return list(reversed(live))

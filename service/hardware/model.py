@@ -10,7 +10,7 @@ import hashlib
 import json
 from typing import Self
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 
 class MemoryLevel(BaseModel):
@@ -150,6 +150,8 @@ class HardwareModel(BaseModel):
     # with "large vector sizes" at 8192 f32 elements (32 KiB).
     max_vector_tile_bytes: int | None = Field(default=None, gt=0)
     calibration: Calibration = Field(default_factory=Calibration)
+    # The model is frozen, so its hash is computed once (every cost estimate carries it).
+    _content_hash: str | None = PrivateAttr(default=None)
 
     @model_validator(mode="after")
     def _hierarchy_is_sane(self) -> Self:
@@ -197,4 +199,11 @@ class HardwareModel(BaseModel):
 
     def content_hash(self) -> str:
         """First 16 hex chars of sha256 over the canonical JSON: part of every decision key."""
-        return hashlib.sha256(self.canonical_json().encode()).hexdigest()[:16]
+        if self._content_hash is None:
+            self._content_hash = hashlib.sha256(self.canonical_json().encode()).hexdigest()[:16]
+        return self._content_hash
+
+    def model_copy(self, *, update: dict | None = None, deep: bool = False) -> Self:
+        copy = super().model_copy(update=update, deep=deep)
+        copy._content_hash = None  # the copy's fields may differ
+        return copy

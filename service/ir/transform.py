@@ -490,6 +490,14 @@ def apply_plan(module: ir.Module | ir.OpView, plan: Plan, graph: OpGraph | None 
     with context():
         tagged = module if is_tagged(module) else tag_tileable_ops(module)
         graph = graph or build_graph(tagged)
+        clone, script, layouts = tiled_clone(tagged, plan, graph)
+        return Applied(module=clone, origin=origin_map(clone, graph), script=script, layouts=layouts)
+
+
+def tiled_clone(tagged: ir.Module | ir.OpView, plan: Plan, graph: OpGraph) -> tuple[ir.OpView, str, list[GroupLayout]]:
+    """The tiled clone of an already tagged module, its script and layouts, without the origin
+    map (the search scores thousands of clones and reads only their IR). Raises PlanError."""
+    with context():
         script, layouts = transform_script(graph, plan)
         clone = tagged.operation.clone()
         try:
@@ -505,7 +513,7 @@ def apply_plan(module: ir.Module | ir.OpView, plan: Plan, graph: OpGraph | None 
             diags = diagnostics_of(err)
             clone.operation.erase()
             raise PlanError("the tiled module does not verify", None, diags) from None
-        return Applied(module=clone, origin=origin_map(clone, graph), script=script, layouts=layouts)
+        return clone, script, layouts
 
 
 __all__ = [
@@ -516,5 +524,6 @@ __all__ = [
     "check_plan",
     "layout_group",
     "run_script",
+    "tiled_clone",
     "transform_script",
 ]

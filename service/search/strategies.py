@@ -36,6 +36,10 @@ from .space import Knob, ShapeContext, innermost_memory, op_bytes
 STRATEGIES = ("tpe", "nsga2", "random", "exhaustive", "supertiling")
 # Optuna needs finite objective values: unusable candidates get this instead of infinity.
 _WORST = 1e9
+# Candidates TPE draws from its good-trials density per ask (Optuna's default is 24). Each ask
+# scores them all against every past trial; 8 halves the ask (the main process's largest cost
+# per evaluation) and still meets the quality target (README: search benchmarks).
+_TPE_EI_CANDIDATES = 8
 # Redraws (random) or neighbours (tpe) tried for a plan not proposed before.
 _NOVELTY_TRIES = 64
 Identity = Callable[[dict[str, Any]], Hashable]
@@ -69,6 +73,19 @@ class _Proposed:
         return True
 
 
+class _KnownSpaceTPESampler(optuna.samplers.TPESampler):
+    """TPE over a search space known up front. Every trial draws every knob, so the space
+    TPE would infer on each ask (intersecting all past trials' spaces, a deep copy each
+    time) is always this one."""
+
+    def __init__(self, distributions: dict[str, optuna.distributions.BaseDistribution], **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._distributions = distributions
+
+    def infer_relative_search_space(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> dict:
+        return dict(self._distributions)
+
+
 class OptunaStrategy:
     """TPE (latency, feasibility as a constraint) or NSGA-II (latency vs peak footprint).
 
@@ -90,16 +107,17 @@ class OptunaStrategy:
             sampler = optuna.samplers.NSGAIISampler(seed=seed, population_size=20)
             self.study = optuna.create_study(directions=["minimize", "minimize"], sampler=sampler)
         else:
-            sampler = optuna.samplers.TPESampler(
-                seed=seed, multivariate=True, constant_liar=True, n_startup_trials=10,
+            sampler = _KnownSpaceTPESampler(
+                self.distributions, seed=seed, multivariate=True, constant_liar=True, n_startup_trials=10,
+                n_ei_candidates=_TPE_EI_CANDIDATES,
             )
             self.study = optuna.create_study(direction="minimize", sampler=sampler)
         for params in warm_start or []:
             self.study.enqueue_trial(params, skip_if_exists=True)
 
     def suggest(self) -> Candidate | None:
-        trial = self.study.ask()
-        params = {k.name: trial.suggest_categorical(k.name, k.choices) for k in self.knobs}
+        trial = self.study.ask(self.distributions)
+        params = dict(trial.params)
         if self.proposed is None or self.proposed.is_new(params):
             return Candidate(params=params, source=self.name, token=trial)
         neighbour = _novel_neighbour(params, self.knobs, self.proposed, self.rng)
