@@ -166,6 +166,22 @@ func.func @f(%a: tensor<64x64xf32>, %b: tensor<64x64xf32>) -> tensor<64x64xf32> 
     assert cost.unfused_intermediate_bytes == 64 * 64 * 4
 
 
+def test_values_passed_to_a_call_are_computed() -> None:
+    """A call may do anything with its operands: the op producing them is live and costed."""
+    text = """
+func.func private @consume(tensor<64x64xf32>)
+func.func @f(%a: tensor<64x64xf32>) {
+  %e = tensor.empty() : tensor<64x64xf32>
+  %x = linalg.map {math.exp} ins(%a : tensor<64x64xf32>) outs(%e : tensor<64x64xf32>)
+  func.call @consume(%x) : (tensor<64x64xf32>) -> ()
+  return
+}"""
+    with context():
+        cost = estimate_cost(tag_tileable_ops(parse_module(text)), get_profile("host-cpu"))
+    assert [n.root_op for n in cost.nests] == ["linalg.map"]
+    assert cost.flops == 64 * 64
+
+
 def _matmul_plan(dist: list[int], vec: list[int], red: int) -> Plan:
     return Plan.model_validate({"groups": [{"anchor": 1, "fuse": [0], "levels": [
         {"tile_sizes": dist + [0], "loop": "forall"},

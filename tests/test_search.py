@@ -176,3 +176,56 @@ def test_tpe_does_not_repeat_plans(host):
     searched = [t for t in r.trials if t.source == "tpe"]
     assert r.evaluations == 120
     assert sum(t.cached for t in searched) <= 3
+
+
+@pytest.mark.parametrize("name", ["softmax", "multi_consumer"])
+def test_a_group_scored_on_its_extract_scores_as_on_the_whole_module(host, name):
+    """Each group of a multi-group module is searched on an extract of its ops; its scores must be
+    the whole module's (the rest of the module, held at the context, adds a constant)."""
+    import random
+
+    from service.search.candidate import Candidate
+    from service.search.engine import Evaluator, GroupScope
+    from service.search.space import complete_plan
+
+    src = source(name)
+    space = build_space(analyze(src).graph, host)
+    assert len(space.groups) > 1
+    context = {g.name: g.default_params() for g in space.groups}
+
+    def plan_of(by_group: dict) -> Plan | str:
+        plan = space.to_plan({k: v for p in by_group.values() for k, v in p.items()})
+        return plan if isinstance(plan, str) else complete_plan(space, plan, host)
+
+    rng = random.Random(0)
+    compared = 0
+    for spec in space.groups:
+        (ctx,) = Evaluator(src, host, {}, 1).evaluate([(Candidate({}, "context"), plan_of(context))])
+        scope = Evaluator(src, host, {}, 1).group_scope(spec.name, spec.ops, ctx)
+        assert isinstance(scope, GroupScope), scope
+        for _ in range(12):
+            plan = plan_of({**context, spec.name: {k.name: rng.choice(k.choices) for k in spec.knobs()}})
+            if isinstance(plan, str) or not scope.covers(plan):
+                continue
+            (whole,) = Evaluator(src, host, {}, 1).evaluate([(Candidate({}, "whole"), plan)])
+            alone = Evaluator(src, host, {}, 1)
+            (scoped,) = alone.collect(alone.submit([(Candidate({}, "scoped"), plan)], scope))
+            if whole.stage != "cost":
+                continue
+            assert scoped.cost["scope"]["group"] == spec.name
+            assert scoped.latency_s == pytest.approx(whole.latency_s, rel=1e-9)
+            assert scoped.feasible == whole.feasible
+            assert scoped.cost["scope"]["group_latency_s"] < whole.latency_s
+            compared += 1
+    assert compared >= 10
+
+
+def test_multi_group_search_uses_extracts_and_reports_the_whole_module(host):
+    src = source("softmax")
+    r = tune(src, host, budget=40, strategy="random", seed=0, workers=1)
+    scoped = [t for t in r.trials if t.cost and "scope" in t.cost]
+    assert {t.cost["scope"]["group"] for t in scoped} == {f"g{g['anchor']}" for g in r.groups}
+    # The returned plan's breakdown is the whole module's: every op, every nest.
+    assert "scope" not in r.predicted
+    assert sorted({u for n in r.predicted["nests"] for u in n["uids"]}) == sorted(analyze(src).graph.ops)
+    assert r.predicted["latency_s"] == pytest.approx(sum(n["latency_s"] for n in r.predicted["nests"]))

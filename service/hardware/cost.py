@@ -682,6 +682,11 @@ def _feeds_compute_here(s: Slice, node: Node) -> bool:
 
 # --- public API -----------------------------------------------------------------------------------
 
+# Ops that keep what they read alive: returned values, and values passed to a call (which may
+# do anything with them).
+_LIVE_ROOTS = ("func.return", "func.call")
+
+
 def _top_level_nests(func) -> list:
     """Live top-level loops and standalone tileable ops of a function body, in order."""
     ops = list(func.regions[0].blocks[0].operations)
@@ -690,7 +695,7 @@ def _top_level_nests(func) -> list:
     live = []
     for i in reversed(range(len(ops))):
         op = ops[i]
-        is_live = _opname(op) == "func.return" or any(
+        is_live = _opname(op) in _LIVE_ROOTS or any(
             position.get(_body_op(u.owner.operation, position)) in live_at for r in op.results for u in r.uses
         )
         if not is_live:

@@ -13,7 +13,8 @@ import hashlib
 import json
 import os
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from pydantic import BaseModel, Field
@@ -42,6 +43,7 @@ _WORKER_NICENESS = 15
 # --------------------------------------------------------------------------- worker side
 
 _analyses: OrderedDict[str, Any] = OrderedDict()
+_extracts: OrderedDict[tuple, Any] = OrderedDict()  # (source hash, scope) -> (module, graph) | reason
 _hardware: dict[str, HardwareModel] = {}
 
 
@@ -61,30 +63,70 @@ def _hardware_of(hardware_json: str) -> HardwareModel:
     return _hardware[hardware_json]
 
 
+def _extract(source: str, scope: tuple[int, ...]):
+    """(tagged extract, its graph) of the scope's ops, cached per worker; raises NotExtractable."""
+    from service.ir.extract import NotExtractable, extract_ops
+    from service.ir.graph import build_graph
+
+    key = (hashlib.sha256(source.encode()).hexdigest(), scope)
+    if key not in _extracts:
+        try:
+            module = extract_ops(_analysis(source).tagged, set(scope))
+            _extracts[key] = (module, build_graph(module))
+        except NotExtractable as err:
+            _extracts[key] = str(err)
+        if len(_extracts) > 32:
+            _extracts.popitem(last=False)
+    found = _extracts[key]
+    if isinstance(found, str):
+        raise NotExtractable(found)
+    return found
+
+
+def prepare_scope(source: str, scope: list[int]) -> str | None:
+    """Build the extract of `scope` (cached); why it cannot be built, or None."""
+    from service.ir.extract import NotExtractable
+
+    try:
+        _extract(source, tuple(scope))
+    except NotExtractable as err:
+        return str(err)
+    return None
+
+
 def peak_footprint(cost) -> int:
     levels = cost.levels[1:] or cost.levels
     return max((lv.footprint_bytes for lv in levels), default=0)
 
 
-def evaluate_plans(source: str, hardware_json: str, shape_hints: dict, plans: list[dict], exact: bool = False) -> list[dict]:
+def evaluate_plans(source: str, hardware_json: str, shape_hints: dict, plans: list[dict], exact: bool = False,
+                   scope: list[int] | None = None) -> list[dict]:
     """Apply each plan to a clone and score it. Runs in a worker; text and JSON in and out.
 
     exact=False skips the cost model's pass over the untiled original, which only refines the
-    recompute_flops breakdown (latency and feasibility are the same) and doubles the cost."""
+    recompute_flops breakdown (latency and feasibility are the same) and doubles the cost.
+    With `scope` (op uids), each plan's groups anchored in it are applied to the extract of
+    those ops (service.ir.extract) and only its nests are costed."""
     from service.hardware.cost import estimate_cost
     from service.ir.mlir import context
     from service.ir.transform import tiled_clone
 
-    a = _analysis(source)
+    if scope is None:
+        a = _analysis(source)
+        payload, graph = a.tagged, a.graph
+    else:
+        payload, graph = _extract(source, tuple(scope))
     hw = _hardware_of(hardware_json)
     out = []
     for plan_json in plans:
         t0 = time.perf_counter()
         plan = Plan.model_validate(plan_json)
+        if scope is not None:
+            plan = Plan(groups=[g for g in plan.groups if g.anchor in scope])
         try:
-            tiled = tiled_clone(a.tagged, plan, a.graph)[0] if plan.groups else a.tagged
-            cost = estimate_cost(tiled, hw, shape_hints or None, original=a.tagged if exact else None)
-            if tiled is not a.tagged:
+            tiled = tiled_clone(payload, plan, graph)[0] if plan.groups else payload
+            cost = estimate_cost(tiled, hw, shape_hints or None, original=payload if exact else None)
+            if tiled is not payload:
                 with context():
                     tiled.operation.erase()
         except PlanError as err:
@@ -103,11 +145,12 @@ def evaluate_plans(source: str, hardware_json: str, shape_hints: dict, plans: li
     return out
 
 
-def _evaluate_in_worker(source: str, hardware_json: str, shape_hints: dict, plans: list[dict], exact: bool = False) -> list[dict]:
+def _evaluate_in_worker(source: str, hardware_json: str, shape_hints: dict, plans: list[dict], exact: bool = False,
+                        scope: list[int] | None = None) -> list[dict]:
     """evaluate_plans at a lower priority than the search: the strategy (Optuna's ask) is the
     serial part, and when it waits for a core behind the workers they soon wait for it."""
     os.setpriority(os.PRIO_PROCESS, 0, _WORKER_NICENESS)
-    return evaluate_plans(source, hardware_json, shape_hints, plans, exact)
+    return evaluate_plans(source, hardware_json, shape_hints, plans, exact, scope)
 
 
 def _warm_up(source: str, hardware_json: str) -> bool:
@@ -170,6 +213,36 @@ class TuneResult(BaseModel):
 # --------------------------------------------------------------------------- evaluation
 
 
+@dataclass(frozen=True)
+class GroupScope:
+    """Score one group's plans on the extract of its ops (service.ir.extract) while the rest of
+    the module is held at the search context. The cost model prices each loop nest on its own,
+    so the whole module's latency is the extract's plus the rest's, measured once per group as
+    the context plan's whole-module latency minus its extract latency; the rest's infeasibility
+    reasons carry over the same way."""
+
+    group: str
+    ops: tuple[int, ...]
+    rest_latency_s: float
+    rest_reasons: tuple[str, ...]
+
+    def covers(self, plan: Plan) -> bool:
+        """No plan group straddles the scope's boundary (else: evaluate the whole module)."""
+        inside = set(self.ops)
+        return all(set(g.members) <= inside or not set(g.members) & inside for g in plan.groups)
+
+    def to_module(self, r: dict) -> dict:
+        """A worker's extract result as the whole module's."""
+        if r.get("stage") != "cost":
+            return r
+        reasons = [*self.rest_reasons, *r["cost"]["reasons"]]
+        latency = r["latency_s"] + self.rest_latency_s
+        feasible = r["feasible"] and not self.rest_reasons
+        scope = {"group": self.group, "ops": list(self.ops), "group_latency_s": r["latency_s"], "rest_latency_s": self.rest_latency_s}
+        cost = {**r["cost"], "latency_s": latency, "feasible": feasible, "reasons": reasons, "scope": scope}
+        return {**r, "latency_s": latency, "feasible": feasible, "reason": "; ".join(reasons) or None, "cost": cost}
+
+
 class Evaluator:
     """Cache by plan hash in front of a process pool (or in-process when workers <= 1)."""
 
@@ -194,13 +267,13 @@ class Evaluator:
         if self.sandbox is not None:
             self.sandbox.close()
 
-    def _dispatch(self, plans: list[dict]) -> list:
+    def _dispatch(self, plans: list[dict], scope: list[int] | None = None) -> list:
         """Start evaluating `plans`; returns (chunk, future-or-results) pairs."""
         if self.sandbox is None:
-            return [(plans, evaluate_plans(self.source, self.hardware_json, self.hints, plans))]
+            return [(plans, evaluate_plans(self.source, self.hardware_json, self.hints, plans, False, scope))]
         chunk = max(1, min(_PLANS_PER_TASK, -(-len(plans) // self.workers)))
         chunks = [plans[i:i + chunk] for i in range(0, len(plans), chunk)]
-        return [(c, self.sandbox.submit(_evaluate_in_worker, self.source, self.hardware_json, self.hints, c, timeout=_TASK_TIMEOUT_S)) for c in chunks]
+        return [(c, self.sandbox.submit(_evaluate_in_worker, self.source, self.hardware_json, self.hints, c, False, scope, timeout=_TASK_TIMEOUT_S)) for c in chunks]
 
     @staticmethod
     def _gather(dispatched: list) -> list[dict]:
@@ -215,42 +288,72 @@ class Evaluator:
                 out += [{"stage": "rejected", "reason": f"evaluation failed: {type(exc).__name__}: {exc}"}] * len(c)
         return out
 
+    def _run(self, fn, *args):
+        if self.sandbox is None:
+            return fn(*args)
+        return self.sandbox.submit(fn, *args, timeout=_TASK_TIMEOUT_S).result()
+
     def rescore(self, ev: Evaluation) -> Evaluation:
-        """The full breakdown (exact recompute flops) for a plan worth reporting."""
+        """The full whole-module breakdown (exact recompute flops) for a plan worth reporting."""
         if ev.plan is None or ev.stage != "cost":
             return ev
-        if self.sandbox is None:
-            r = evaluate_plans(self.source, self.hardware_json, self.hints, [ev.plan], True)[0]
-        else:
-            r = self.sandbox.submit(evaluate_plans, self.source, self.hardware_json, self.hints, [ev.plan], True, timeout=_TASK_TIMEOUT_S).result()[0]
+        r = self._run(evaluate_plans, self.source, self.hardware_json, self.hints, [ev.plan], True)[0]
         return ev.model_copy(update={"cost": r.get("cost", ev.cost)})
 
-    def submit(self, items: list[tuple[Candidate, Plan | str]]) -> tuple:
+    def group_scope(self, group: str, ops: list[int], context: Evaluation) -> GroupScope | str:
+        """The scope for searching `ops` alone around the context plan (evaluated on the whole
+        module), or why the whole module must be used."""
+        if context.stage != "cost" or context.plan is None or context.cost is None:
+            return "the context plan has no whole-module cost"
+        reason = self._run(prepare_scope, self.source, ops)
+        if reason is not None:
+            return reason
+        plan = Plan.model_validate(context.plan)
+        if not GroupScope(group, tuple(ops), 0.0, ()).covers(plan):
+            return "a group of the context plan straddles the extract's boundary"
+        raw = self._gather(self._dispatch([context.plan], ops))[0]
+        if raw.get("stage") != "cost":
+            return f"the context plan does not apply to the extract: {raw.get('reason')}"
+        rest = Counter(context.cost["reasons"]) - Counter(raw["cost"]["reasons"])
+        return GroupScope(group, tuple(ops), context.latency_s - raw["latency_s"], tuple(rest.elements()))
+
+    def submit(self, items: list[tuple[Candidate, Plan | str]], scope: GroupScope | None = None) -> tuple:
         """Start a batch. Plans already cached or in flight are not sent again; pruned ones
-        (a reason instead of a plan) cost nothing. Counts evaluations at submission."""
-        new: list[Plan] = []
+        (a reason instead of a plan) cost nothing. Counts evaluations at submission. With a
+        scope, plans it covers are scored on its extract."""
+        new: dict[str, Plan] = {}
         for _, plan in items:
             if isinstance(plan, str):
                 continue
             h = plan.plan_hash()
-            if h not in self.cache and h not in self.in_flight and all(p.plan_hash() != h for p in new):
-                new.append(plan)
-        for p in new:
-            self.in_flight.add(p.plan_hash())
+            if h not in self.cache and h not in self.in_flight and h not in new:
+                new[h] = plan
+        self.in_flight.update(new)
         self.evaluations += len(new)
-        dispatched = self._dispatch([json.loads(p.canonical_json()) for p in new]) if new else []
-        return items, new, dispatched
+        scoped = {h: p for h, p in new.items() if scope is not None and scope.covers(p)}
+        whole = {h: p for h, p in new.items() if h not in scoped}
+        dispatched = []
+        if scoped:
+            dispatched += self._dispatch([json.loads(p.canonical_json()) for p in scoped.values()], list(scope.ops))
+        if whole:
+            dispatched += self._dispatch([json.loads(p.canonical_json()) for p in whole.values()])
+        return items, [*scoped.items(), *whole.items()], dispatched, scope, len(scoped)
 
     def collect(self, pending: tuple) -> list[Evaluation]:
         """Evaluations of a submitted batch, in the order given (earlier batches first)."""
-        items, new, dispatched = pending
-        for plan, r in zip(new, self._gather(dispatched)):
-            h = plan.plan_hash()
+        items, new, dispatched, scope, n_scoped = pending
+        owners: dict[str, Candidate] = {}
+        for cand, plan in items:
+            if not isinstance(plan, str):
+                owners.setdefault(plan.plan_hash(), cand)
+        for i, ((h, plan), r) in enumerate(zip(new, self._gather(dispatched))):
+            if i < n_scoped:
+                r = scope.to_module(r)
             self.in_flight.discard(h)
-            owner = next(c for c, p in items if not isinstance(p, str) and p.plan_hash() == h)
+            owner = owners[h]
             self.cache[h] = Evaluation(plan=json.loads(plan.canonical_json()), plan_hash=h, params=owner.params, source=owner.source, **r)
         results: list[Evaluation] = []
-        first_use: set[str] = {p.plan_hash() for p in new}
+        first_use: set[str] = {h for h, _ in new}
         for cand, plan in items:
             if isinstance(plan, str):
                 results.append(Evaluation(plan=None, params=cand.params, source=cand.source, reason=plan, stage="pruned"))
@@ -410,6 +513,18 @@ def _search(
                 group_budget = (budget - evaluator.evaluations) // (n_groups - gi)
                 spent_at_start = evaluator.evaluations
                 strat = make_strategy(strategy, spec.knobs(), seed + gi, warm_by_group[spec.name], identity=spec.identity)
+                scope = None
+                if len(spec.ops) < len(graph.ops) and spec.name in context:
+                    # The group alone on an extract of its ops: cheaper evaluations, same scores.
+                    ctx_plan = plan_of(context)
+                    if not isinstance(ctx_plan, str):
+                        (ctx_ev,) = evaluator.evaluate([(Candidate(params={}, source="context"), ctx_plan)])
+                        if not ctx_ev.cached:
+                            record([ctx_ev])
+                        found = evaluator.group_scope(spec.name, spec.ops, ctx_ev)
+                        scope = found if isinstance(found, GroupScope) else None
+                        if scope is None:
+                            warnings.append(f"group {spec.name} searched on the whole module: {found}")
                 group_best: tuple[Evaluation, dict] | None = None
                 idle = 0
                 exhausted = False
@@ -443,7 +558,7 @@ def _search(
                         if cands:
                             items = [(c, plan_of({**context, spec.name: c.params})) for c in cands]
                             before = evaluator.evaluations
-                            launched = (cands, evaluator.submit(items))
+                            launched = (cands, evaluator.submit(items, scope))
                             # Pruned and cached suggestions are cheap but not free (Optuna's ask):
                             # a strategy proposing nothing new for a while has converged.
                             idle = 0 if evaluator.evaluations > before else idle + len(cands)

@@ -123,6 +123,12 @@ class GroupSpec:
     def name(self) -> str:
         return f"g{self.anchor}"
 
+    @property
+    def ops(self) -> list[int]:
+        """Every op any of this group's plans tiles: anchor, fixed and optional members."""
+        units = [u for unit in self.optional_units.values() for u in unit]
+        return sorted({self.anchor, *self.fixed, *self.optional, *units})
+
     def knobs(self) -> list["Knob"]:
         ks = [Knob(f"{self.name}.outer.d{d}", c) for d, c in self.outer_choices.items()]
         ks.append(Knob(f"{self.name}.outer.loop", ["forall", "for"]))

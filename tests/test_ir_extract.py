@@ -1,0 +1,50 @@
+"""Extracts: one group's ops alone in a module, with the rest of the function cut away."""
+
+from __future__ import annotations
+
+import pytest
+
+from service.ir.analysis import analyze
+from service.ir.extract import NotExtractable, extract_ops
+from service.ir.graph import build_graph, uid_of, walk_ops
+from service.ir.mlir import context
+
+from _shared import WORKLOADS  # noqa: E402  (../shared beside the repo)
+
+
+def body_ops(module) -> list:
+    func = next(op for op in module.regions[0].blocks[0].operations if op.operation.name == "func.func" and op.regions[0].blocks)
+    return list(func.regions[0].blocks[0].operations)
+
+
+def test_extract_keeps_the_group_and_reads_its_results_where_outside_ops_did():
+    a = analyze((WORKLOADS / "softmax.mlir").read_text())
+    # uids: 0 fill, 1 max, 2 exp, 3 fill, 4 sum, 5 divide. The sum group reads exp's result and
+    # its result is read by the divide, after it.
+    extract = extract_ops(a.tagged, {3, 4})
+    with context():
+        tagged = sorted(u for op in walk_ops(extract.operation) if (u := uid_of(op)) is not None)
+        names = [op.operation.name for op in body_ops(extract)]
+        text = str(extract)
+    assert tagged == [3, 4]
+    assert build_graph(extract).topological_order() == [3, 4]
+    # exp's result enters as a new argument; the divide's read of sum becomes a call after sum.
+    assert names[-2:] == ["func.call", "func.return"]
+    assert names.index("linalg.generic") < names.index("func.call")
+    assert "func.func private @__tilesearch_outside_use_" in text
+    # The original module is untouched.
+    assert sorted(a.graph.ops) == [0, 1, 2, 3, 4, 5]
+
+
+def test_dynamic_tensors_entering_the_group_cannot_be_extracted():
+    a = analyze("""
+func.func @f(%x: tensor<?x64xf32>) -> tensor<?x64xf32> {
+  %c0 = arith.constant 0 : index
+  %n = tensor.dim %x, %c0 : tensor<?x64xf32>
+  %e = tensor.empty(%n) : tensor<?x64xf32>
+  %a = linalg.map {math.exp} ins(%x : tensor<?x64xf32>) outs(%e : tensor<?x64xf32>)
+  %b = linalg.map {math.absf} ins(%a : tensor<?x64xf32>) outs(%e : tensor<?x64xf32>)
+  return %b : tensor<?x64xf32>
+}""")
+    with pytest.raises(NotExtractable, match="dynamically shaped"):
+        extract_ops(a.tagged, {1})
