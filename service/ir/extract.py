@@ -122,13 +122,12 @@ def _cut(module: ir.OpView, uids: set[int]) -> None:
         if not used:
             continue
         callee = f"__tilesearch_outside_use_{j}"
-        with ir.InsertionPoint(module_body):
-            decl = ir.Operation.create(
+        with ir.InsertionPoint(module_body):  # a declaration: one empty region, no body
+            ir.Operation.create(
                 "func.func", regions=1, loc=loc,
                 attributes={"sym_name": ir.StringAttr.get(callee), "sym_visibility": ir.StringAttr.get("private"),
                             "function_type": ir.TypeAttr.get(ir.FunctionType.get([v.type for v in used], []))},
             )
-        del decl  # a declaration: no body
         with ir.InsertionPoint(op):
             ir.Operation.create("func.call", operands=used, loc=loc,
                                 attributes={"callee": ir.FlatSymbolRefAttr.get(callee)})
