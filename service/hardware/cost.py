@@ -25,6 +25,7 @@ from itertools import count
 
 from pydantic import BaseModel, Field
 
+from service.ir.graph import holder_in
 from service.ir.mlir import context, ir, linalg
 
 from .model import HardwareModel
@@ -627,19 +628,11 @@ def _compute_intermediate_peak(node: Node, an: _Analyzer) -> int:
     return peak
 
 
-def _body_op(op, position: dict):
-    """The op of a body (`position`: its ops) that is `op` or holds it in its regions."""
-    while op is not None and op not in position:
-        op = op.parent
-    return op
-
-
 def _last_use(uses, position: dict) -> int | None:
-    """Index of the last body op (`position`: op -> index) using a value, directly or nested.
-    Walking up from each use is cheaper than walking down every body op's regions."""
+    """Index of the last body op (`position`: op -> index) using a value, directly or nested."""
     last = None
     for use in uses:
-        holder = _body_op(use.owner.operation, position)
+        holder = holder_in(use.owner.operation, position)
         if holder is not None:
             i = position[holder]
             last = i if last is None or i > last else last
@@ -696,7 +689,7 @@ def _top_level_nests(func) -> list:
     for i in reversed(range(len(ops))):
         op = ops[i]
         is_live = _opname(op) in _LIVE_ROOTS or any(
-            position.get(_body_op(u.owner.operation, position)) in live_at for r in op.results for u in r.uses
+            position.get(holder_in(u.owner.operation, position)) in live_at for r in op.results for u in r.uses
         )
         if not is_live:
             continue  # dead code left behind by fusion

@@ -16,7 +16,7 @@ unused ones included, so `argN` shape hints still name the same tensors.
 
 from __future__ import annotations
 
-from .graph import uid_of
+from .graph import holder_in, uid_of, walk_ops
 from .mlir import context, ir
 
 # Ops with no data of their own: cloned into the extract rather than passed in as arguments.
@@ -40,13 +40,6 @@ def _function_of(module: ir.OpView, uids: set[int]):
     if len(found) != 1:
         raise NotExtractable(f"the ops live in {len(found)} functions, not one")
     return found[0]
-
-
-def _holder(op: ir.Operation, block_ops: dict) -> ir.Operation | None:
-    """The body op that is `op` or holds it in its regions (None if outside the body)."""
-    while op is not None and op not in block_ops:
-        op = op.parent
-    return op
 
 
 def extract_ops(tagged: ir.OpView, uids: set[int]) -> ir.OpView:
@@ -82,10 +75,10 @@ def _cut(module: ir.OpView, uids: set[int]) -> None:
     stack = sorted(keep)
     while stack:
         i = stack.pop()
-        for inner in _nested_ops(ops[i].operation):
+        for inner in walk_ops(ops[i].operation):
             for v in inner.operands:
                 if isinstance(v, ir.OpResult):
-                    j = position.get(_holder(v.owner.operation, position))
+                    j = position.get(holder_in(v.owner.operation, position))
                     if j is not None and j not in keep and ops[j].operation.name in _FREE_OPS and not list(ops[j].operands):
                         keep.add(j)
                         stack.append(j)
@@ -100,7 +93,7 @@ def _cut(module: ir.OpView, uids: set[int]) -> None:
         if i in keep:
             continue
         for r in op.results:
-            uses = [(u, position.get(_holder(u.owner.operation, position))) for u in r.uses]
+            uses = [(u, position.get(holder_in(u.owner.operation, position))) for u in r.uses]
             inside = [(u, j) for u, j in uses if j in keep or j == last]
             if not inside:
                 continue
@@ -138,12 +131,3 @@ def _cut(module: ir.OpView, uids: set[int]) -> None:
     func.operation.attributes["function_type"] = ir.TypeAttr.get(func_type)
     if "arg_attrs" in func.operation.attributes:  # sized for the old signature
         del func.operation.attributes["arg_attrs"]
-
-
-def _nested_ops(op: ir.Operation) -> list[ir.Operation]:
-    out = [op]
-    for region in op.regions:
-        for b in region.blocks:
-            for inner in b.operations:
-                out.extend(_nested_ops(inner.operation))
-    return out

@@ -162,6 +162,14 @@ def walk_ops(root: ir.Operation) -> list[ir.Operation]:
     return ops
 
 
+def holder_in(op: ir.Operation, body: dict | set) -> ir.Operation | None:
+    """The op of a block (`body`: its ops) that is `op` or holds it in its regions; None when
+    `op` is outside the block. Walking up from a use is cheaper than down every region."""
+    while op is not None and op not in body:
+        op = op.parent
+    return op
+
+
 def tag_tileable_ops(module: ir.Module) -> ir.OpView:
     """A copy of `module` with `ts.uid = i` on every TilingInterface op, in program order.
 

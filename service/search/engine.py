@@ -213,6 +213,12 @@ class TuneResult(BaseModel):
 # --------------------------------------------------------------------------- evaluation
 
 
+def _within_or_outside(plan: Plan, ops) -> bool:
+    """Every group of `plan` lies wholly inside `ops` or wholly outside them."""
+    inside = set(ops)
+    return all(set(g.members) <= inside or not set(g.members) & inside for g in plan.groups)
+
+
 @dataclass(frozen=True)
 class GroupScope:
     """Score one group's plans on the extract of its ops (service.ir.extract) while the rest of
@@ -228,8 +234,7 @@ class GroupScope:
 
     def covers(self, plan: Plan) -> bool:
         """No plan group straddles the scope's boundary (else: evaluate the whole module)."""
-        inside = set(self.ops)
-        return all(set(g.members) <= inside or not set(g.members) & inside for g in plan.groups)
+        return _within_or_outside(plan, self.ops)
 
     def to_module(self, r: dict) -> dict:
         """A worker's extract result as the whole module's."""
@@ -309,7 +314,7 @@ class Evaluator:
         if reason is not None:
             return reason
         plan = Plan.model_validate(context.plan)
-        if not GroupScope(group, tuple(ops), 0.0, ()).covers(plan):
+        if not _within_or_outside(plan, ops):
             return "a group of the context plan straddles the extract's boundary"
         raw = self._gather(self._dispatch([context.plan], ops))[0]
         if raw.get("stage") != "cost":
@@ -330,30 +335,31 @@ class Evaluator:
                 new[h] = plan
         self.in_flight.update(new)
         self.evaluations += len(new)
-        scoped = {h: p for h, p in new.items() if scope is not None and scope.covers(p)}
-        whole = {h: p for h, p in new.items() if h not in scoped}
+        placed = [(h, p, scope if scope is not None and scope.covers(p) else None) for h, p in new.items()]
+        scoped = [x for x in placed if x[2] is not None]
+        whole = [x for x in placed if x[2] is None]
         dispatched = []
         if scoped:
-            dispatched += self._dispatch([json.loads(p.canonical_json()) for p in scoped.values()], list(scope.ops))
+            dispatched += self._dispatch([json.loads(p.canonical_json()) for _, p, _ in scoped], list(scope.ops))
         if whole:
-            dispatched += self._dispatch([json.loads(p.canonical_json()) for p in whole.values()])
-        return items, [*scoped.items(), *whole.items()], dispatched, scope, len(scoped)
+            dispatched += self._dispatch([json.loads(p.canonical_json()) for _, p, _ in whole])
+        return items, scoped + whole, dispatched
 
     def collect(self, pending: tuple) -> list[Evaluation]:
         """Evaluations of a submitted batch, in the order given (earlier batches first)."""
-        items, new, dispatched, scope, n_scoped = pending
+        items, new, dispatched = pending
         owners: dict[str, Candidate] = {}
         for cand, plan in items:
             if not isinstance(plan, str):
                 owners.setdefault(plan.plan_hash(), cand)
-        for i, ((h, plan), r) in enumerate(zip(new, self._gather(dispatched))):
-            if i < n_scoped:
+        for (h, plan, scope), r in zip(new, self._gather(dispatched)):
+            if scope is not None:
                 r = scope.to_module(r)
             self.in_flight.discard(h)
             owner = owners[h]
             self.cache[h] = Evaluation(plan=json.loads(plan.canonical_json()), plan_hash=h, params=owner.params, source=owner.source, **r)
         results: list[Evaluation] = []
-        first_use: set[str] = {h for h, _ in new}
+        first_use: set[str] = {h for h, _, _ in new}
         for cand, plan in items:
             if isinstance(plan, str):
                 results.append(Evaluation(plan=None, params=cand.params, source=cand.source, reason=plan, stage="pruned"))
