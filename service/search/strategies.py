@@ -56,11 +56,21 @@ class Strategy(Protocol):
 
 
 class _Proposed:
-    """The plans a strategy proposed so far, by `identity` (without one, every proposal is new)."""
+    """The plans a strategy proposed so far, by `identity` (without one, every proposal is new),
+    and the warm-start knob values still to propose first."""
 
-    def __init__(self, identity: Identity | None) -> None:
+    def __init__(self, identity: Identity | None, warm_start: list[dict] | None = None) -> None:
         self.identity = identity
         self.seen: set = set()
+        self.warm = deque(warm_start or [])
+
+    def next_warm(self) -> dict | None:
+        """The next warm-start knob values (now recorded as proposed), or None."""
+        if not self.warm:
+            return None
+        params = self.warm.popleft()
+        self.is_new(params)
+        return params
 
     def is_new(self, params: dict) -> bool:
         """True the first time these knob values' plan is proposed (and remember it)."""
@@ -167,13 +177,10 @@ class RandomStrategy:
         self.name = "random"
         self.knobs = knobs
         self.rng = random.Random(seed)
-        self.queue = deque(warm_start or [])
-        self.proposed = _Proposed(identity)
+        self.proposed = _Proposed(identity, warm_start)
 
     def suggest(self) -> Candidate | None:
-        if self.queue:
-            params = self.queue.popleft()
-            self.proposed.is_new(params)
+        if (params := self.proposed.next_warm()) is not None:
             return Candidate(params=params, source=self.name)
         for _ in range(_NOVELTY_TRIES):
             params = {k.name: self.rng.choice(k.choices) for k in self.knobs}
@@ -193,14 +200,11 @@ class ExhaustiveStrategy:
         self.name = "exhaustive"
         self.knobs = knobs
         self.size = math.prod(len(k.choices) for k in knobs)
-        self.queue = deque(warm_start or [])
         self._it = itertools.product(*[k.choices for k in knobs])
-        self.proposed = _Proposed(identity)
+        self.proposed = _Proposed(identity, warm_start)
 
     def suggest(self) -> Candidate | None:
-        if self.queue:
-            params = self.queue.popleft()
-            self.proposed.is_new(params)
+        if (params := self.proposed.next_warm()) is not None:
             return Candidate(params=params, source=self.name)
         for values in self._it:
             params = dict(zip((k.name for k in self.knobs), values))
