@@ -38,7 +38,7 @@ from service.measure.calibrate import (  # noqa: E402
     ContractionWorkload,
     Predictor,
     Sample,
-    fit_calibration,
+    fit_profile,
     iree_config_of,
     TIMINGS,
     load_contraction_workloads,
@@ -120,7 +120,7 @@ def main() -> None:
     models: dict[str, dict[str, HardwareModel]] = {}
     for w in workloads:
         others = [s for s in all_samples if s.workload != w.name]
-        held_out = with_calibration(nominal, fit_calibration(others, predictor, nominal)) if others else nominal
+        held_out = fit_profile(others, predictor, nominal) if others else nominal
         models[w.name] = {"nominal": nominal, "held-out": held_out, "profile": profile}
 
     rows = []

@@ -19,11 +19,13 @@ from service.measure.calibrate import (
     Predictor,
     Sample,
     fit_calibration,
+    fit_profile,
     iree_config_of,
     load_contraction_workloads,
     sample_plans,
     score,
     with_calibration,
+    with_register_tile,
 )
 from service.measure.iree import vector_tile_elements
 
@@ -85,6 +87,30 @@ def test_fit_improves_a_held_out_workload(workloads):
     assert after.rmse_log < 0.5 * before.rmse_log, (before, after)
     assert score(train, predictor, fitted).rmse_log < score(train, predictor, nominal).rmse_log
     assert fitted.calibration.fitted_on == ["matmul_1024", "mlp_chain"]
+
+
+def test_fit_recovers_the_register_tile_terms_of_another_microarchitecture(workloads):
+    """Ground truth: a CPU whose lowering runs register tiles past 8 rows slower (as Zen 4 does,
+    where the nominal profile says 16), with non-nominal factors. fit_profile must find the
+    row limit, which the continuous factors alone cannot mimic."""
+    found, _ = workloads
+    chosen = [found[n] for n in ("matmul_1024", "mlp_chain")]
+    predictor = Predictor(chosen)
+    nominal = with_register_tile(with_calibration(detect_host_cpu(), Calibration()), 16, 8)
+    truth = with_calibration(with_register_tile(nominal, 8, 8),
+                             Calibration(compute_efficiency=0.5, loop_overhead_scale=2.0))
+    rng = random.Random(1)
+    samples = [
+        Sample(workload=w.name, plan=p,
+               measured_s=predictor.latency_s(w.name, p, truth) * math.exp(rng.gauss(0, 0.03)))
+        for w in chosen
+        for p in sample_plans(w, 12)
+    ]
+    fitted = fit_profile(samples, predictor, nominal, max_evals=300)
+    assert fitted.compute.register_tile_rows == 8
+    assert fitted.compute.fma_pipeline_depth == 8
+    only_factors = with_calibration(nominal, fit_calibration(samples, predictor, nominal, max_evals=300))
+    assert score(samples, predictor, fitted).rmse_log < 0.5 * score(samples, predictor, only_factors).rmse_log
 
 
 def test_fast_rescaled_prediction_equals_the_full_estimate(workloads):

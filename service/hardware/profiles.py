@@ -81,14 +81,21 @@ def _count_cpu_list(text: str) -> int:
     return count
 
 
-def read_cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> set[str]:
+def read_cpuinfo(cpuinfo: Path = Path("/proc/cpuinfo")) -> tuple[str, set[str]]:
+    """(vendor_id, flags) of the first processor in /proc/cpuinfo; ('', set()) when unreadable."""
+    vendor, flags = "", set()
     try:
         for line in cpuinfo.read_text().splitlines():
-            if line.startswith("flags"):
-                return set(line.split(":", 1)[1].split())
+            key, _, value = line.partition(":")
+            key = key.strip()
+            if key == "vendor_id" and not vendor:
+                vendor = value.strip()
+            elif key == "flags":
+                flags = set(value.split())
+                break
     except OSError:
         pass
-    return set()
+    return vendor, flags
 
 
 def vector_width_from_flags(flags: set[str]) -> int:
@@ -103,6 +110,14 @@ def vector_width_from_flags(flags: set[str]) -> int:
 # current x86 server core; calibration fits efficiencies on top of them.
 _HOST_BANDWIDTH = {1: 200e9, 2: 100e9, 3: 60e9}
 _HOST_DRAM_BANDWIDTH = 25e9
+# Rows of a register tile IREE's contraction lowering runs at full speed, per CPU vendor (the
+# microarchitectures measured; `tilesearch calibrate` fits it on any machine). Intel Xeon
+# (AVX-512): a 32x16 tile took 12.1 ms where 16x16 took 7.2 ms (fuse_group, same distribution
+# tile). AMD Zen 4 (AVX-512 on 256-bit units): 16-row tiles ran ~1.5x slower than 8-row ones
+# (fuse_group [256, 256] / [16, 16] 10.6-11.6 ms vs [8, 32] 6.1-6.6 ms); the calibration fit
+# over 64 measured plans there chose 8 (log-loss 0.074 vs 0.096 for 16).
+_REGISTER_TILE_ROWS = {"GenuineIntel": 16, "AuthenticAMD": 8}
+_DEFAULT_REGISTER_TILE_ROWS = 16
 # Flops per cycle per core per f32 lane: FMA (2) x 2 FMA pipes; at an effective 2 GHz this gives
 # 256 GFLOP/s for 2 AVX-512 cores, the ~257 GFLOP/s numpy reaches here on a 1024^3 matmul.
 _HOST_EFFECTIVE_HZ = 2.0e9
@@ -116,7 +131,8 @@ def detect_host_cpu(
     """The machine this runs on, from sysfs caches, os.cpu_count() and /proc/cpuinfo flags."""
     cores = cores or os.cpu_count() or 1
     caches = read_sys_caches(cpu_dir)
-    vector_width = vector_width_from_flags(read_cpu_flags(cpuinfo))
+    vendor, flags = read_cpuinfo(cpuinfo)
+    vector_width = vector_width_from_flags(flags)
     levels = [
         MemoryLevel(name="DRAM", capacity_bytes=_dram_bytes(), bandwidth_bytes_per_s=_HOST_DRAM_BANDWIDTH, shared=True)
     ]
@@ -132,7 +148,7 @@ def detect_host_cpu(
     peak_f32 = cores * lanes_f32 * 2 * 2 * _HOST_EFFECTIVE_HZ
     return HardwareModel(
         name="host-cpu",
-        description=f"this machine: {cores} cores, {vector_width * 8}-bit vectors, caches from {cpu_dir}/cache",
+        description=f"this machine: {vendor or 'unknown vendor'}, {cores} cores, {vector_width * 8}-bit vectors, caches from {cpu_dir}/cache",
         memory_levels=levels,
         compute=Compute(
             peak_flops_per_s={"f32": peak_f32, "bf16": 2 * peak_f32, "f16": 2 * peak_f32},
@@ -141,9 +157,7 @@ def detect_host_cpu(
             # x86: 32 zmm registers with AVX-512, 16 ymm without; FMA latency 4 x 2 ports.
             vector_registers=32 if vector_width >= 64 else 16,
             fma_pipeline_depth=8,
-            # Measured with IREE 3.13 on this CPU (fuse_group, same distribution tile): a 32x16
-            # register tile took 12.1 ms where 16x16 took 7.2 ms, at any reduction tile.
-            register_tile_rows=16,
+            register_tile_rows=_REGISTER_TILE_ROWS.get(vendor, _DEFAULT_REGISTER_TILE_ROWS),
         ),
         loop_overhead_s=2e-9,
         max_vector_tile_bytes=32 * KiB,  # IREE CPU: >= 8192 f32 vector elements fails to compile
