@@ -277,9 +277,11 @@ class _Analyzer:
         return DEFAULT_DYNAMIC_EXTENT
 
     def _note(self, text: str) -> None:
+        # Debug only: the note travels in Cost.notes, and a search estimates thousands of
+        # plans (its caller states the assumption once, e.g. the engine's warnings).
         if text not in self.notes:
             self.notes.append(text)
-            log.warning(text)
+            log.debug(text)
 
     def resolve(self, v: ir.Value) -> ir.Value:
         """Follow loop-carried tensors (iter_args, shared_outs) back to the tensor they alias."""
