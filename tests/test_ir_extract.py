@@ -48,3 +48,44 @@ func.func @f(%x: tensor<?x64xf32>) -> tensor<?x64xf32> {
 }""")
     with pytest.raises(NotExtractable, match="dynamically shaped"):
         extract_ops(a.tagged, {1})
+
+
+# A group op reading two tensors from outside ops, one of which (the transpose) is located after
+# the other's use was rewritten: attention's Q x K^T. Rewriting an operand changes the op's hash
+# in these bindings, so a lookup after the first rewrite missed the second use and left it
+# pointing at an erased op: the process segfaulted.
+_TWO_OUTSIDE_INPUTS = """
+func.func @scores(%x: tensor<64x32xf32>, %w: tensor<32x32xf32>) -> tensor<64x64xf32> {
+  %zero = arith.constant 0.0 : f32
+  %e0 = tensor.empty() : tensor<64x32xf32>
+  %f0 = linalg.fill ins(%zero : f32) outs(%e0 : tensor<64x32xf32>) -> tensor<64x32xf32>
+  %q = linalg.matmul ins(%x, %w : tensor<64x32xf32>, tensor<32x32xf32>) outs(%f0 : tensor<64x32xf32>) -> tensor<64x32xf32>
+  %et = tensor.empty() : tensor<32x64xf32>
+  %kt = linalg.transpose ins(%q : tensor<64x32xf32>) outs(%et : tensor<32x64xf32>) permutation = [1, 0]
+  %e1 = tensor.empty() : tensor<64x64xf32>
+  %f1 = linalg.fill ins(%zero : f32) outs(%e1 : tensor<64x64xf32>) -> tensor<64x64xf32>
+  %s = linalg.matmul ins(%q, %kt : tensor<64x32xf32>, tensor<32x64xf32>) outs(%f1 : tensor<64x64xf32>) -> tensor<64x64xf32>
+  return %s : tensor<64x64xf32>
+}"""
+
+
+def _extract_text(source: str, uids: list[int]) -> str:
+    with context():
+        return str(extract_ops(analyze(source).tagged, set(uids)))
+
+
+def test_every_outside_input_of_a_group_op_becomes_an_argument():
+    from service.ir.sandbox import Sandbox
+
+    # uids: 0 fill, 1 matmul (q), 2 transpose, 3 fill, 4 matmul (scores)
+    with Sandbox(workers=1) as sandbox:
+        text = sandbox.run(_extract_text, _TWO_OUTSIDE_INPUTS, [3, 4], timeout=60)
+    extract = analyze(text)
+    assert sorted(extract.graph.ops) == [0, 1]  # fill + matmul, re-tagged
+    with context():
+        func = next(op for op in extract.tagged.regions[0].blocks[0].operations if op.operation.name == "func.func")
+        matmul = next(op for op in walk_ops(extract.tagged.operation) if op.name == "linalg.matmul")
+        ins = list(matmul.operands)[:2]
+        # q and q^T both arrive as arguments (after the original two).
+        args = list(func.regions[0].blocks[0].arguments)
+        assert len(args) == 4 and all(v in args[2:] for v in ins)

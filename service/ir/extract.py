@@ -87,21 +87,26 @@ def _cut(module: ir.OpView, uids: set[int]) -> None:
         raise NotExtractable("the function does not end in func.return")
     last = len(ops) - 1
 
-    # Tensors entering the group (or returned from outside it) become new arguments.
+    # Tensors entering the group (or returned from outside it) become new arguments. Every use
+    # is located before any is rewritten: setting an operand changes the op's hash in these
+    # bindings, so `position` lookups after a rewrite would miss it.
     loc = ir.Location.unknown()
+    entering = []
     for i, op in enumerate(ops[:-1]):
         if i in keep:
             continue
         for r in op.results:
             uses = [(u, position.get(holder_in(u.owner.operation, position))) for u in r.uses]
-            inside = [(u, j) for u, j in uses if j in keep or j == last]
+            inside = [u for u, j in uses if j in keep or j == last]
             if not inside:
                 continue
             if isinstance(r.type, ir.ShapedType) and not ir.ShapedType(r.type).has_static_shape:
                 raise NotExtractable(f"a dynamically shaped tensor from {op.operation.name} enters the group")
-            arg = block.add_argument(r.type, loc)
-            for u, _ in inside:
-                u.owner.operands[u.operand_number] = arg
+            entering.append((r.type, [(u.owner, u.operand_number) for u in inside]))
+    for value_type, uses in entering:
+        arg = block.add_argument(value_type, loc)
+        for owner, operand in uses:
+            owner.operands[operand] = arg
     # Group results read outside it stay read at the same place, by a call the cost model does
     # not price: fusion keeps (or yields) a producer depending on where its other users are.
     module_body = module.regions[0].blocks[0]
