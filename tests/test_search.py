@@ -229,3 +229,18 @@ def test_multi_group_search_uses_extracts_and_reports_the_whole_module(host):
     assert "scope" not in r.predicted
     assert sorted({u for n in r.predicted["nests"] for u in n["uids"]}) == sorted(analyze(src).graph.ops)
     assert r.predicted["latency_s"] == pytest.approx(sum(n["latency_s"] for n in r.predicted["nests"]))
+
+
+def test_a_group_whose_extract_fails_is_searched_on_the_whole_module(host, monkeypatch):
+    """A crash while building an extract (a dead worker, an MLIR bug) costs the extract, not the
+    search: the group is searched on the whole module and the response says why."""
+    from service.search import engine
+
+    def crash(source, scope):
+        raise RuntimeError("worker died")
+
+    monkeypatch.setattr(engine, "prepare_scope", crash)
+    r = tune(source("softmax"), host, budget=30, strategy="random", seed=0, workers=1)
+    assert r.predicted["feasible"] and r.evaluations == 30
+    assert not [t for t in r.trials if t.cost and "scope" in t.cost]
+    assert any("searched on the whole module: building the extract failed" in w for w in r.warnings)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import time
 from collections import Counter, OrderedDict
@@ -28,6 +29,8 @@ from service.ir.transform import check_plan
 from .candidate import Candidate, Evaluation
 from .space import DEFAULT_DYNAMIC_EXTENT, SPACE_VERSION, GroupSpec, build_space, complete_plan
 from .strategies import STRATEGIES, SuperTilingStrategy, make_strategy, supertiling_plan
+
+log = logging.getLogger(__name__)
 
 ProgressFn = Callable[[int, int, float | None], None]  # (evaluations, budget, best latency)
 _TASK_TIMEOUT_S = 60.0
@@ -302,7 +305,11 @@ class Evaluator:
         """The full whole-module breakdown (exact recompute flops) for a plan worth reporting."""
         if ev.plan is None or ev.stage != "cost":
             return ev
-        r = self._run(evaluate_plans, self.source, self.hardware_json, self.hints, [ev.plan], True)[0]
+        try:
+            r = self._run(evaluate_plans, self.source, self.hardware_json, self.hints, [ev.plan], True)[0]
+        except Exception:  # a worker crash or timeout: keep the breakdown the search computed
+            log.warning("re-costing the chosen plan failed; reporting the search's estimate", exc_info=True)
+            return ev
         return ev.model_copy(update={"cost": r.get("cost", ev.cost)})
 
     def group_scope(self, group: str, ops: list[int], context: Evaluation) -> GroupScope | str:
@@ -310,7 +317,10 @@ class Evaluator:
         module), or why the whole module must be used."""
         if context.stage != "cost" or context.plan is None or context.cost is None:
             return "the context plan has no whole-module cost"
-        reason = self._run(prepare_scope, self.source, ops)
+        try:
+            reason = self._run(prepare_scope, self.source, ops)
+        except Exception as exc:  # a worker crash or timeout costs the extract, not the search
+            return f"building the extract failed: {type(exc).__name__}: {exc}"
         if reason is not None:
             return reason
         plan = Plan.model_validate(context.plan)
