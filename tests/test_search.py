@@ -244,3 +244,25 @@ def test_a_group_whose_extract_fails_is_searched_on_the_whole_module(host, monke
     assert r.predicted["feasible"] and r.evaluations == 30
     assert not [t for t in r.trials if t.cost and "scope" in t.cost]
     assert any("searched on the whole module: building the extract failed" in w for w in r.warnings)
+
+
+def test_a_plan_that_breaks_the_cost_model_costs_only_itself(host, monkeypatch):
+    """An unexpected exception while costing one plan rejects that plan with the reason; the other
+    plans of its batch are still scored (the API runs searches in-process: it failed the request)."""
+    import service.hardware.cost as cost_module
+    from service.search.engine import evaluate_plans
+
+    real = cost_module.estimate_cost
+    calls = []
+
+    def flaky(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            raise KeyError("attempt to access a non-existent attribute")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(cost_module, "estimate_cost", flaky)
+    plan = {"groups": [{"anchor": 1, "fuse": [0], "levels": [{"tile_sizes": [64, 64, 0], "loop": "forall"}]}]}
+    first, second = evaluate_plans(source("matmul_1024"), host.canonical_json(), {}, [plan, plan])
+    assert first["stage"] == "rejected" and "KeyError" in first["reason"]
+    assert second["stage"] == "cost" and second["latency_s"] > 0

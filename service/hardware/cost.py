@@ -84,6 +84,11 @@ class Cost(BaseModel):
 
 # --- IR walking helpers ------------------------------------------------------------------------
 
+# Affine ops whose offset is one affine map of their operands (others, e.g. delinearize_index,
+# have no `map` and several results).
+_AFFINE_MAP_OPS = ("affine.apply", "affine.min", "affine.max")
+
+
 def _opname(op) -> str:
     # OpViews shadow `.name` (func.func returns its symbol); the Operation has the op name.
     return op.operation.name
@@ -337,8 +342,10 @@ class _Analyzer:
         c = self.int_value(v)
         if c is not None:
             return c
-        if isinstance(v, ir.OpResult) and _opname(v.owner).startswith("affine."):
+        if isinstance(v, ir.OpResult) and _opname(v.owner) in _AFFINE_MAP_OPS:
             return (_opname(v.owner), str(v.owner.attributes["map"]), tuple(self.offset_key(o) for o in v.owner.operands))
+        # Anything else (affine.delinearize_index from fusion across a collapse_shape, ...):
+        # the value itself, so only slices at this very offset count as the same tile.
         return ("v", v)
 
     def value_key(self, v: ir.Value):

@@ -126,15 +126,22 @@ def evaluate_plans(source: str, hardware_json: str, shape_hints: dict, plans: li
         plan = Plan.model_validate(plan_json)
         if scope is not None:
             plan = Plan(groups=[g for g in plan.groups if g.anchor in scope])
+        tiled = None
         try:
             tiled = tiled_clone(payload, plan, graph)[0] if plan.groups else payload
             cost = estimate_cost(tiled, hw, shape_hints or None, original=payload if exact else None)
-            if tiled is not payload:
-                with context():
-                    tiled.operation.erase()
         except PlanError as err:
             out.append({"stage": "rejected", "reason": str(err), "seconds": time.perf_counter() - t0})
             continue
+        except Exception as exc:  # a bug on one plan costs that plan, not its batch or the request
+            log.warning("evaluating plan %s failed", plan_json, exc_info=True)
+            out.append({"stage": "rejected", "reason": f"evaluation failed (a tilesearch bug): {type(exc).__name__}: {exc}",
+                        "seconds": time.perf_counter() - t0})
+            continue
+        finally:
+            if tiled is not None and tiled is not payload:
+                with context():
+                    tiled.operation.erase()
         out.append({
             "stage": "cost",
             "feasible": cost.feasible,
