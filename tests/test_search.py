@@ -266,3 +266,68 @@ def test_a_plan_that_breaks_the_cost_model_costs_only_itself(host, monkeypatch):
     first, second = evaluate_plans(source("matmul_1024"), host.canonical_json(), {}, [plan, plan])
     assert first["stage"] == "rejected" and "KeyError" in first["reason"]
     assert second["stage"] == "cost" and second["latency_s"] > 0
+
+
+# Two transformer head merges (transpose -> collapse_shape -> matmul). MLIR cannot fuse the
+# transpose through the collapse_shape with the default tiling, so the starting context failed
+# and with it every candidate of every group: the search returned an empty plan.
+_HEAD_MERGES = """
+func.func @f(%x: tensor<12x128x64xf32>, %y: tensor<12x128x64xf32>, %w: tensor<768x768xf32>) -> (tensor<128x768xf32>, tensor<128x768xf32>) {
+  %zero = arith.constant 0.0 : f32
+  %te = tensor.empty() : tensor<128x12x64xf32>
+  %e = tensor.empty() : tensor<128x768xf32>
+  %t1 = linalg.transpose ins(%x : tensor<12x128x64xf32>) outs(%te : tensor<128x12x64xf32>) permutation = [1, 0, 2]
+  %c1 = tensor.collapse_shape %t1 [[0], [1, 2]] : tensor<128x12x64xf32> into tensor<128x768xf32>
+  %a1 = linalg.fill ins(%zero : f32) outs(%e : tensor<128x768xf32>) -> tensor<128x768xf32>
+  %m1 = linalg.matmul ins(%c1, %w : tensor<128x768xf32>, tensor<768x768xf32>) outs(%a1 : tensor<128x768xf32>) -> tensor<128x768xf32>
+  %t2 = linalg.transpose ins(%y : tensor<12x128x64xf32>) outs(%te : tensor<128x12x64xf32>) permutation = [1, 0, 2]
+  %c2 = tensor.collapse_shape %t2 [[0], [1, 2]] : tensor<128x12x64xf32> into tensor<128x768xf32>
+  %a2 = linalg.fill ins(%zero : f32) outs(%e : tensor<128x768xf32>) -> tensor<128x768xf32>
+  %m2 = linalg.matmul ins(%c2, %w : tensor<128x768xf32>, tensor<768x768xf32>) outs(%a2 : tensor<128x768xf32>) -> tensor<128x768xf32>
+  return %m1, %m2 : tensor<128x768xf32>, tensor<128x768xf32>
+}"""
+
+
+def test_a_group_whose_starting_tiling_does_not_apply_starts_untiled(host):
+    r = tune(_HEAD_MERGES, host, budget=60, strategy="random", seed=0, workers=1)
+    assert r.feasible and {g["anchor"] for g in r.plan["groups"]} == {2, 5}
+    assert r.predicted["latency_s"] < r.untiled["latency_s"]
+    assert any("starts untiled: its starting tiling does not apply" in w for w in r.warnings)
+
+
+def test_each_group_is_judged_by_its_own_loop_nests():
+    """Two stacked matmuls on a 256 KiB scratchpad: each one's default tiling overflows it. While
+    one group is searched the other's overflow made every candidate infeasible, so the search
+    could not tell a fitting tile from an overflowing one and returned the untiled module."""
+    npu = get_profile("npu-sram-256k")
+    src = """
+func.func @mlp2(%x: tensor<256x1024xf32>, %w0: tensor<1024x1024xf32>, %w1: tensor<1024x1024xf32>) -> tensor<256x1024xf32> {
+  %zero = arith.constant 0.0 : f32
+  %e = tensor.empty() : tensor<256x1024xf32>
+  %a0 = linalg.fill ins(%zero : f32) outs(%e : tensor<256x1024xf32>) -> tensor<256x1024xf32>
+  %m0 = linalg.matmul ins(%x, %w0 : tensor<256x1024xf32>, tensor<1024x1024xf32>) outs(%a0 : tensor<256x1024xf32>) -> tensor<256x1024xf32>
+  %a1 = linalg.fill ins(%zero : f32) outs(%e : tensor<256x1024xf32>) -> tensor<256x1024xf32>
+  %m1 = linalg.matmul ins(%m0, %w1 : tensor<256x1024xf32>, tensor<1024x1024xf32>) outs(%a1 : tensor<256x1024xf32>) -> tensor<256x1024xf32>
+  return %m1 : tensor<256x1024xf32>
+}"""
+    r = tune(src, npu, budget=60, strategy="random", seed=0, workers=1)
+    assert r.feasible and len(r.plan["groups"]) == 2
+    nests = r.predicted["nests"]
+    assert not any(n["reasons"] for n in nests)
+
+
+def test_an_op_with_a_zero_sized_dim_is_not_tiled(host):
+    """MLIR's tiling segfaults on a zero-sized loop; every candidate crashed a worker (25 s)."""
+    src = """
+func.func @zero(%x: tensor<0x512xf32>, %w: tensor<512x256xf32>, %acc: tensor<0x256xf32>) -> tensor<0x256xf32> {
+  %m = linalg.matmul ins(%x, %w : tensor<0x512xf32>, tensor<512x256xf32>) outs(%acc : tensor<0x256xf32>) -> tensor<0x256xf32>
+  return %m : tensor<0x256xf32>
+}"""
+    space = build_space(analyze(src).graph, host)
+    assert not space.groups and any("zero-sized" in n for n in space.notes)
+    from service.ir.errors import PlanError
+    from service.ir.transform import check_plan
+
+    with pytest.raises(PlanError, match="zero-sized"):
+        check_plan(analyze(src).graph, Plan.model_validate(
+            {"groups": [{"anchor": 0, "levels": [{"tile_sizes": [0, 64, 0], "loop": "forall"}]}]}))

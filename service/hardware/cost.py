@@ -65,6 +65,7 @@ class NestCost(BaseModel):
     active_cores: int
     waves: int
     levels: list[LevelCost]
+    reasons: list[str] = Field(default_factory=list, description="This nest's share of Cost.reasons.")
 
 
 class Cost(BaseModel):
@@ -797,7 +798,8 @@ def _kib(b: float) -> str:
     return f"{b / 1024:.0f} KiB" if b < 10 * 1024 * 1024 else f"{b / 1024 / 1024:.1f} MiB"
 
 
-def _cost_nest(root: Node, op, an: _Analyzer, hw: HardwareModel, reasons: list[str]) -> tuple[NestCost, dict[int, float]]:
+def _cost_nest(root: Node, op, an: _Analyzer, hw: HardwareModel, all_reasons: list[str]) -> tuple[NestCost, dict[int, float]]:
+    reasons: list[str] = []  # this nest's, also added to all_reasons
     fp: dict[int, int] = {}
     nodes = list(root.subtree())
     band = _band_levels(root)
@@ -891,8 +893,9 @@ def _cost_nest(root: Node, op, an: _Analyzer, hw: HardwareModel, reasons: list[s
     latency = overlapped(times.values(), hw.overlap_exponent) + overhead
     loops = [{"depth": n.depth, "level": band[n.id], "kind": n.kind, "trips": n.trips, "footprint_bytes": _footprint(n, an, fp)} for n in nodes if n.kind != "root"]
     uids = sorted({c.uid for n in nodes for c in n.computes if c.uid is not None})
+    all_reasons.extend(reasons)
     return (
-        NestCost(root_op=_opname(op), uids=uids, loops=loops, latency_s=latency, compute_s=compute_s, overhead_s=overhead, bound_by=bound_by, flops=flops, flops_by_uid=per_uid, active_cores=active, waves=waves, levels=level_costs),
+        NestCost(root_op=_opname(op), uids=uids, loops=loops, latency_s=latency, compute_s=compute_s, overhead_s=overhead, bound_by=bound_by, flops=flops, flops_by_uid=per_uid, active_cores=active, waves=waves, levels=level_costs, reasons=reasons),
         per_uid,
     )
 
@@ -927,6 +930,8 @@ def _microkernel_efficiency(c: Compute, level: int, hw: HardwareModel) -> float:
         return 1.0
     n_vecs = _vectors_per_row(c, hw)
     m = math.prod(c.parallel_tile[:-1]) if len(c.parallel_tile) > 1 else 1
+    if m == 0 or n_vecs == 0:  # an empty tile: nothing to compute
+        return 1.0
     acc = m * n_vecs
     # With a reduction tile > 1 each row of A arrives as a vector and stays live while its
     # elements are broadcast; a reduction tile of 1 broadcasts A straight from memory.

@@ -63,6 +63,41 @@ def extract_ops(tagged: ir.OpView, uids: set[int]) -> ir.OpView:
         return clone
 
 
+def _between(ops: list, position: dict, keep: set[int]) -> set[int]:
+    """Ops without a tile of their own (reshapes, ...) on a path from a kept op to a kept op."""
+    def sources(i: int) -> set[int]:
+        found = set()
+        for inner in walk_ops(ops[i].operation):
+            for v in inner.operands:
+                if isinstance(v, ir.OpResult):
+                    j = position.get(holder_in(v.owner.operation, position))
+                    if j is not None and j != i:
+                        found.add(j)
+        return found
+
+    inputs = {i: sources(i) for i in range(len(ops))}
+    after = set(keep)  # reached from a kept op (program order: producers come first)
+    for i in range(len(ops)):
+        if i not in after and inputs[i] & after:
+            after.add(i)
+    before = set(keep)  # reaching a kept op
+    for i in reversed(range(len(ops))):
+        if i in before:
+            before |= inputs[i]
+    return {i for i in (after & before) - keep if uid_of(ops[i].operation) is None}
+
+
+def _reject_fusion_through_untileable_ops(ops: list, position: dict, keep: set[int]) -> None:
+    """A group fused through ops without a tile (transpose -> collapse_shape -> matmul) is tiled
+    with rewrite patterns (bubble_up_extract_slice) applied to whole functions: they rewrite the
+    other groups' nests too, so the rest of the module is not constant across the group's plans
+    (measured: 7% off on npu-sram-256k) and the extract would not score like the module."""
+    between = _between(ops, position, keep)
+    if between:
+        names = sorted({ops[i].operation.name for i in between})
+        raise NotExtractable(f"the group is fused through {', '.join(names)}, whose tiling rewrites the whole function")
+
+
 def _cut(module: ir.OpView, uids: set[int]) -> None:
     func = _function_of(module, uids)
     block = func.regions[0].blocks[0]
@@ -71,6 +106,7 @@ def _cut(module: ir.OpView, uids: set[int]) -> None:
     keep = {i for i, op in enumerate(ops) if uid_of(op.operation) in uids}
     if {uid_of(ops[i].operation) for i in keep} != uids:
         raise NotExtractable("some of the ops are not in the function body")
+    _reject_fusion_through_untileable_ops(ops, position, keep)
     # Free producers of the kept ops, operands of nested ops (captured constants) included.
     stack = sorted(keep)
     while stack:
@@ -86,6 +122,18 @@ def _cut(module: ir.OpView, uids: set[int]) -> None:
     if ret.operation.name != "func.return":
         raise NotExtractable("the function does not end in func.return")
     last = len(ops) - 1
+    data_ops = {i for i in keep if ops[i].operation.name not in _FREE_OPS}
+    # Outside ops reading the group's data, located before anything is rewritten (below).
+    outside_reads = []
+    for j, op in enumerate(ops[:-1]):
+        if j in keep:
+            continue
+        used = []
+        for v in op.operands:
+            if isinstance(v, ir.OpResult) and position.get(holder_in(v.owner.operation, position)) in data_ops and v not in used:
+                used.append(v)
+        if used:
+            outside_reads.append((j, used))
 
     # Tensors entering the group (or returned from outside it) become new arguments. Every use
     # is located before any is rewritten: setting an operand changes the op's hash in these
@@ -110,15 +158,8 @@ def _cut(module: ir.OpView, uids: set[int]) -> None:
     # Group results read outside it stay read at the same place, by a call the cost model does
     # not price: fusion keeps (or yields) a producer depending on where its other users are.
     module_body = module.regions[0].blocks[0]
-    for j, op in enumerate(ops[:-1]):
-        if j in keep:
-            continue
-        used = []
-        for v in op.operands:
-            if isinstance(v, ir.OpResult) and uid_of(v.owner.operation) in uids and v not in used:
-                used.append(v)
-        if not used:
-            continue
+    for j, used in outside_reads:
+        op = ops[j]
         callee = f"__tilesearch_outside_use_{j}"
         with ir.InsertionPoint(module_body):  # a declaration: one empty region, no body
             ir.Operation.create(

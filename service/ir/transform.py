@@ -122,6 +122,10 @@ def layout_group(graph: OpGraph, index: int, group: Group) -> GroupLayout:
             )
     if all(s == 0 for lv in group.levels for s in lv.tile_sizes):
         raise PlanError("every tile size is 0: the group tiles nothing", index)
+    empty = [u for u in group.members if 0 in graph.op(u).loop_ranges]
+    if empty:
+        # MLIR 3.13's tiling segfaults on a zero-sized loop (computeTileSizes).
+        raise PlanError(f"op(s) {empty} have a zero-sized loop dim: they compute nothing, so there is nothing to tile", index)
 
     members = set(group.members)
     for gid, uids in graph.fuse_groups.items():

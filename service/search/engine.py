@@ -487,6 +487,8 @@ def _search(
         base_evs = evaluator.evaluate([(st_cand, st_plan), (untiled_cand, Plan())])
         record(base_evs)
         baseline_ev, untiled_ev = base_evs
+        if baseline_ev.stage != "cost":
+            warnings.append(f"the super-tiling baseline could not be applied: {baseline_ev.reason}")
 
         # Starting context: warm-start groups when they are in the space, else the defaults.
         context: dict[str, dict] = {}
@@ -512,6 +514,20 @@ def _search(
             if not isinstance(spec.to_group(start), str):
                 context[spec.name] = start
 
+        def applicable_context(start: dict[str, dict]) -> dict[str, dict]:
+            """The starting groups, in order, that apply together; a group whose starting tiling
+            MLIR cannot apply (e.g. producer fusion across a collapse_shape) starts untiled, or
+            every candidate of every other group would carry its failure."""
+            kept: dict[str, dict] = {}
+            for name, params in start.items():
+                (ev,) = evaluator.evaluate([(Candidate(params=params, source="default"), plan_of({**kept, name: params}))])
+                record([ev])
+                if ev.stage == "cost":
+                    kept[name] = params
+                else:
+                    warnings.append(f"group {name} starts untiled: its starting tiling does not apply ({ev.reason})")
+            return kept
+
         def plan_of(params_by_group: dict[str, dict]) -> Plan | str:
             """The plan for these knobs, or why it is invalid (the IR core's cheap check)."""
             merged = {k: v for p in params_by_group.values() for k, v in p.items()}
@@ -527,7 +543,11 @@ def _search(
             return plan
 
         if space.groups and context and strategy != "supertiling":
-            record(evaluator.evaluate([(Candidate(params={}, source="default"), plan_of(context))]))
+            (start_ev,) = evaluator.evaluate([(Candidate(params={}, source="default"), plan_of(context))])
+            record([start_ev])
+            if start_ev.stage != "cost":
+                context = applicable_context(context)
+
 
         complete = True
         if strategy != "supertiling" and space.groups:
@@ -549,17 +569,34 @@ def _search(
                         if scope is None:
                             warnings.append(f"group {spec.name} searched on the whole module: {found}")
                 group_best: tuple[Evaluation, dict] | None = None
+                group_start = len(trials)
                 idle = 0
                 exhausted = False
+
+                group_ops = set(spec.ops)
+
+                def judged(ev: Evaluation) -> Evaluation:
+                    """The evaluation as this group's search sees it: infeasible only for the
+                    reasons of its own loop nests. While another group's current tiling
+                    overflows a scratchpad, every candidate here is infeasible, and the search
+                    must still tell a plan that fits from one that does not."""
+                    if ev.feasible or ev.stage != "cost" or ev.cost is None:
+                        return ev
+                    scored_for = (ev.cost.get("scope") or {}).get("group", spec.name)
+                    if scored_for != spec.name:  # cached from another group's extract: no view of ours
+                        return ev
+                    own = [r for n in ev.cost["nests"] if group_ops & set(n["uids"]) for r in n.get("reasons", [])]
+                    return ev if own else ev.model_copy(update={"feasible": True})
 
                 def finish(batch_pending) -> None:
                     nonlocal group_best
                     cands, handle = batch_pending
                     evs = evaluator.collect(handle)
                     for c, ev in zip(cands, evs):
-                        strat.tell(c, ev)
-                        if ev.latency_s is not None and (group_best is None or _better(group_best[0], ev)):
-                            group_best = (ev, c.params)
+                        seen = judged(ev)
+                        strat.tell(c, seen)
+                        if seen.latency_s is not None and (group_best is None or _better(group_best[0], seen)):
+                            group_best = (seen, c.params)
                     record(evs)
 
                 # One batch in flight while the strategy proposes the next (Optuna's ask is not
@@ -590,7 +627,12 @@ def _search(
                     pending = launched
                     if pending is None:
                         break
-                if group_best is not None and (spec.name not in context or group_best[0].feasible or not any(t.feasible for t in trials)):
+                if group_best is None:
+                    rejected = Counter(t.reason for t in trials[group_start:] if t.stage != "cost" and t.reason)
+                    why = f" (most often: {rejected.most_common(1)[0][0]})" if rejected else ""
+                    warnings.append(f"group {spec.name}: none of its candidates could be applied{why}; it stays "
+                                    + ("at its starting tiling" if spec.name in context else "untiled"))
+                elif spec.name not in context or group_best[0].feasible or not any(t.feasible for t in trials):
                     context[spec.name] = group_best[1]
             if deadline and time.perf_counter() > deadline and evaluator.evaluations < budget:
                 complete = False

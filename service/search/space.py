@@ -319,7 +319,8 @@ def reduction_sizes(extent: int) -> list[int]:
 
 def choose_anchors(graph: OpGraph, hardware: HardwareModel, shapes: ShapeContext) -> list[int]:
     """Contractions, convolutions, reductions in topological order; then ops that do not fit."""
-    order = graph.topological_order()
+    # An op with a zero-sized dim computes nothing (and MLIR's tiling crashes on it).
+    order = [u for u in graph.topological_order() if 0 not in shapes.loop_ranges(graph.op(u))]
     anchors = [u for u in order if graph.op(u).kind in ANCHOR_KINDS]
     limit = available_memory(hardware)
     anchors += [
@@ -460,6 +461,9 @@ def build_space(graph: OpGraph, hardware: HardwareModel, shape_hints: dict[str, 
     # Optional members may be left out by a candidate; they are then tiled on their own if they
     # do not fit (see standalone_groups), else left untiled and charged as un-fused.
     untiled = [u for u in graph.topological_order() if u not in claimed]
+    empty = [u for u in untiled if 0 in shapes.loop_ranges(graph.op(u))]
+    if empty:
+        notes.append(f"op(s) {empty} have a zero-sized dim: they compute nothing and are not tiled")
     if shapes.defaulted:
         notes.append(
             f"dynamic dims without a shape hint: {', '.join(shapes.defaulted)}; assumed "
