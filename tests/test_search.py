@@ -331,3 +331,10 @@ func.func @zero(%x: tensor<0x512xf32>, %w: tensor<512x256xf32>, %acc: tensor<0x2
     with pytest.raises(PlanError, match="zero-sized"):
         check_plan(analyze(src).graph, Plan.model_validate(
             {"groups": [{"anchor": 0, "levels": [{"tile_sizes": [0, 64, 0], "loop": "forall"}]}]}))
+
+
+def test_a_module_with_nothing_to_tile_says_so(host):
+    r = tune("func.func @f(%x: f32) -> f32 {\n  %y = arith.addf %x, %x : f32\n  return %y : f32\n}", host,
+             budget=10, strategy="random", seed=0, workers=1)
+    assert r.plan == {"groups": []} and r.predicted["latency_s"] == 0
+    assert any(w.startswith("nothing to tile") for w in r.warnings)

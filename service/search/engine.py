@@ -460,6 +460,8 @@ def _search(
     graph = analysis.graph
     space = build_space(graph, hardware, shape_hints)
     warnings = list(space.notes)
+    if not graph.ops:
+        warnings.append("nothing to tile: the module has no op implementing TilingInterface (linalg, tensor.pad, ...)")
     dynamic = [f"op {op.uid} loop {d}" for op in graph.ops.values() for d in op.dynamic_dims]
     if dynamic and not shape_hints:
         warnings.insert(0, f"module has dynamic dims and no shape hints: every dynamic dim is assumed {DEFAULT_DYNAMIC_EXTENT}; pass --shape-hint argN=AxB or --bucket NAME=v1,v2,... for plans that match your shapes")
