@@ -99,6 +99,10 @@ class OpGraph:
     edges: list[Edge]
     fuse_groups: dict[int, list[int]]
     non_tileable_on_edges: list[str]
+    # Transitive closures, asked for thousands of times by plan checks (the graph is not
+    # modified after build_graph).
+    _upstream: dict[int, frozenset[int]] = field(default_factory=dict, repr=False, compare=False)
+    _downstream: dict[int, frozenset[int]] = field(default_factory=dict, repr=False, compare=False)
 
     def op(self, uid: int) -> TileableOp:
         return self.ops[uid]
@@ -113,26 +117,27 @@ class OpGraph:
     def edges_from(self, uid: int) -> list[Edge]:
         return [e for e in self.edges if e.producer == uid]
 
-    def upstream(self, uid: int) -> set[int]:
+    def upstream(self, uid: int) -> frozenset[int]:
         """All ops whose results reach `uid` (transitively)."""
-        seen: set[int] = set()
-        stack = [uid]
-        while stack:
-            for p in self.ops[stack.pop()].producers:
-                if p not in seen:
-                    seen.add(p)
-                    stack.append(p)
-        return seen
+        if uid not in self._upstream:
+            self._upstream[uid] = self._closure(uid, "producers")
+        return self._upstream[uid]
 
-    def downstream(self, uid: int) -> set[int]:
+    def downstream(self, uid: int) -> frozenset[int]:
+        """All ops `uid`'s results reach (transitively)."""
+        if uid not in self._downstream:
+            self._downstream[uid] = self._closure(uid, "consumers")
+        return self._downstream[uid]
+
+    def _closure(self, uid: int, direction: str) -> frozenset[int]:
         seen: set[int] = set()
         stack = [uid]
         while stack:
-            for c in self.ops[stack.pop()].consumers:
-                if c not in seen:
-                    seen.add(c)
-                    stack.append(c)
-        return seen
+            for v in getattr(self.ops[stack.pop()], direction):
+                if v not in seen:
+                    seen.add(v)
+                    stack.append(v)
+        return frozenset(seen)
 
     def to_json(self) -> dict:
         return {

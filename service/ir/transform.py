@@ -214,8 +214,10 @@ def _reject_single_for_multi_use_fusion(graph: OpGraph, index: int, group: Group
             )
 
 
-def check_plan(graph: OpGraph, plan: Plan) -> list[GroupLayout]:
-    """Every group laid out, or a PlanError naming the group and the reason."""
+def check_plan(graph: OpGraph, plan: Plan, memo: dict | None = None) -> list[GroupLayout]:
+    """Every group laid out, or a PlanError naming the group and the reason. `memo` (a dict the
+    caller keeps for one graph) remembers each group's layout or error: a search checks
+    thousands of plans that differ in one group."""
     if not plan.groups:
         raise PlanError("plan has no groups")
     seen: dict[int, int] = {}
@@ -225,7 +227,19 @@ def check_plan(graph: OpGraph, plan: Plan) -> list[GroupLayout]:
             if u in seen:
                 raise PlanError(f"op {u} is already in group {seen[u]}", index)
             seen[u] = index
-        layouts.append(layout_group(graph, index, group))
+        if memo is None:
+            layouts.append(layout_group(graph, index, group))
+            continue
+        key = (index, group.anchor, tuple(group.fuse), tuple((tuple(lv.tile_sizes), lv.loop) for lv in group.levels))
+        if key not in memo:
+            try:
+                memo[key] = layout_group(graph, index, group)
+            except PlanError as err:
+                memo[key] = err
+        if isinstance(memo[key], PlanError):
+            err = memo[key]  # a fresh exception: re-raising one instance grows its traceback
+            raise PlanError(err.reason, err.group, list(err.diagnostics))
+        layouts.append(memo[key])
     return layouts
 
 

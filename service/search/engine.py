@@ -530,6 +530,8 @@ def _search(
                     warnings.append(f"group {name} starts untiled: its starting tiling does not apply ({ev.reason})")
             return kept
 
+        layouts: dict = {}  # check_plan's memo for this graph
+
         def plan_of(params_by_group: dict[str, dict]) -> Plan | str:
             """The plan for these knobs, or why it is invalid (the IR core's cheap check)."""
             merged = {k: v for p in params_by_group.values() for k, v in p.items()}
@@ -539,7 +541,7 @@ def _search(
             plan = complete_plan(space, plan, hardware)
             if plan.groups:
                 try:
-                    check_plan(graph, plan)
+                    check_plan(graph, plan, layouts)
                 except PlanError as err:
                     return str(err)
             return plan

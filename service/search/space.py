@@ -118,6 +118,8 @@ class GroupSpec:
     vector_limit_bytes: int | None = None  # hardware's largest vector tile (IREE CPU: 32 KiB)
     elem_bytes: int = 4
     outside_consumers: dict[int, list[int]] = field(default_factory=dict)  # optional producer -> consumers not in the group
+    _knob_names: tuple[str, ...] | None = field(default=None, repr=False, compare=False)
+    _groups: dict[tuple, Group | str] = field(default_factory=dict, repr=False, compare=False)  # to_group memo
 
     @property
     def name(self) -> str:
@@ -141,7 +143,16 @@ class GroupSpec:
         return math.prod(len(k.choices) for k in self.knobs())
 
     def to_group(self, params: dict) -> Group | str:
-        """The plan group for these knob values, or why the combination is invalid (cheap)."""
+        """The plan group for these knob values, or why the combination is invalid. Memoized:
+        a search builds each whole plan from every group's values, most of them unchanged."""
+        if self._knob_names is None:
+            self._knob_names = tuple(k.name for k in self.knobs())
+        key = tuple(params.get(name) for name in self._knob_names)
+        if key not in self._groups:
+            self._groups[key] = self._to_group(params)
+        return self._groups[key]
+
+    def _to_group(self, params: dict) -> Group | str:
         rank = len(self.ranges)
         outer = [0] * rank
         inner = [0] * rank
@@ -269,8 +280,9 @@ class SearchSpace:
     def to_plan(self, params: dict) -> Plan | str:
         """Plan for a full assignment; params missing for a group leave that group untiled."""
         groups = []
+        present = {k.partition(".")[0] for k in params}  # knob names are "<group name>.<knob>"
         for g in self.groups:
-            if not any(k.startswith(g.name + ".") for k in params):
+            if g.name not in present:
                 continue
             grp = g.to_group(params)
             if isinstance(grp, str):
