@@ -43,7 +43,7 @@ class TilesearchClient:
         seconds: float | None = None,
         strategy: str = "tpe",
         seed: int = 0,
-        shape_hints: dict[str, list[int]] | None = None,
+        shape_hints: dict[str, list[int] | str] | None = None,
         buckets: dict[str, list[int]] | None = None,
         reuse: bool = True,
     ) -> DecisionOut:

@@ -20,7 +20,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from sqlalchemy.orm import Session, sessionmaker
 
 from service.config import Settings
@@ -28,6 +28,7 @@ from service.hardware.model import HardwareModel
 from service.hardware.profiles import get_profile, list_profiles
 from service.ir.mlir import provider_version
 from service.ir.sandbox import Sandbox, result_of
+from service.search.shapes import parse_shape_hints
 from service.search.space import SPACE_VERSION
 from service.store import repo
 from service.store.db import session_scope
@@ -46,10 +47,17 @@ class TilingRequest(BaseModel):
     seconds: float | None = Field(default=None, gt=0, le=3600, description="search time limit")
     strategy: Strategy = "tpe"
     seed: int = Field(default=0, ge=0, le=2**31 - 1)
-    shape_hints: dict[str, list[int]] | None = Field(default=None, description='e.g. {"arg0": [128, 1024]}')
+    shape_hints: dict[str, list[int] | str] | None = Field(
+        default=None, description='every dim of a dynamic argument, e.g. {"arg0": [128, 1024]} or {"arg0": "128x1024"}')
     buckets: dict[str, list[int]] | None = Field(default=None, description='e.g. {"arg0.0": [1, 16, 128]}')
     reuse: bool = Field(default=True, description="serve a stored decision / warm-start from stored groups")
     objective: Literal["latency"] = "latency"
+
+    @field_validator("shape_hints")
+    @classmethod
+    def _hints_as_lists(cls, hints: dict[str, list[int] | str] | None) -> dict[str, list[int] | str] | None:
+        """Hints written "128x1024" become [128, 1024]: one spelling, so both forms share a decision."""
+        return parse_shape_hints(hints) if hints else hints
 
 
 @dataclass

@@ -27,6 +27,7 @@ from service.ir.plan import Plan
 from service.ir.transform import check_plan
 
 from .candidate import Candidate, Evaluation
+from .shapes import ShapeHintError, bucket_hints, check_shapes, parse_buckets, parse_shape_hints
 from .space import DEFAULT_DYNAMIC_EXTENT, SPACE_VERSION, GroupSpec, build_space, complete_plan
 from .strategies import STRATEGIES, SuperTilingStrategy, make_strategy, supertiling_plan
 
@@ -462,9 +463,10 @@ def _search(
     warnings = list(space.notes)
     if not graph.ops:
         warnings.append("nothing to tile: the module has no op implementing TilingInterface (linalg, tensor.pad, ...)")
-    dynamic = [f"op {op.uid} loop {d}" for op in graph.ops.values() for d in op.dynamic_dims]
-    if dynamic and not shape_hints:
-        warnings.insert(0, f"module has dynamic dims and no shape hints: every dynamic dim is assumed {DEFAULT_DYNAMIC_EXTENT}; pass --shape-hint argN=AxB or --bucket NAME=v1,v2,... for plans that match your shapes")
+    if space.shapes.defaulted:
+        warnings.insert(0, f"dynamic dims without a shape hint: {', '.join(space.shapes.defaulted)}; each is assumed "
+                           f"{DEFAULT_DYNAMIC_EXTENT}; pass --shape-hint argN=AxB or --bucket NAME=v1,v2,... for plans "
+                           "that match your shapes")
     evaluator = Evaluator(source, hardware, shape_hints, workers)
     trials: list[Evaluation] = []
     best: Evaluation | None = None
@@ -681,60 +683,6 @@ def _search(
     )
 
 
-# --------------------------------------------------------------------------- dynamic shapes
-
-
-def parse_shape_hints(items: list[str] | dict | None) -> dict[str, list[int]]:
-    """['arg0=128x1024', ...] or {'arg0': '128x1024'} -> {'arg0': [128, 1024]}."""
-    if not items:
-        return {}
-    pairs = items.items() if isinstance(items, dict) else (s.split("=", 1) for s in items)
-    out = {}
-    for k, v in pairs:
-        if isinstance(v, str):
-            out[k.strip()] = [int(x) for x in v.lower().split("x")]
-        elif isinstance(v, int):
-            out[k.strip()] = [v]
-        else:
-            out[k.strip()] = [int(x) for x in v]
-    return out
-
-
-def parse_buckets(items: list[str] | dict | None) -> dict[str, list[int]]:
-    """['M=1,16,128,1024'] -> {'M': [1, 16, 128, 1024]} (sorted)."""
-    if not items:
-        return {}
-    pairs = items.items() if isinstance(items, dict) else (s.split("=", 1) for s in items)
-    return {k.strip(): sorted(int(x) for x in (v.split(",") if isinstance(v, str) else v)) for k, v in pairs}
-
-
-def _bucket_hints(graph, name: str, value: int, base: dict[str, list[int]]) -> dict[str, list[int]]:
-    """Shape hints for one bucket: `name` is `argN` (its dynamic dims), `argN.D` (one dim), or any
-    other label (every dynamic dim of the module, e.g. M for a token count)."""
-    hints = {k: list(v) for k, v in base.items()}
-    arg, _, dim = name.partition(".")
-    for op in graph.ops.values():
-        for dyn in op.dynamic_dims.values():
-            if dyn.arg_index is None:
-                continue
-            key = f"arg{dyn.arg_index}"
-            if name.startswith("arg") and (key != arg or (dim and int(dim) != dyn.dim)):
-                continue
-            full = hints.get(key) or _arg_shape(op, dyn)
-            full = list(full)
-            full[dyn.dim] = value
-            hints[key] = full
-    return hints
-
-
-def _arg_shape(op, dyn) -> list[int]:
-    """The static shape of the argument behind a dynamic dim, dynamic dims filled with the default."""
-    for shape in op.operand_shapes:
-        if shape is not None and len(shape) > dyn.dim and shape[dyn.dim] is None:
-            return [s if s is not None else DEFAULT_DYNAMIC_EXTENT for s in shape]
-    return [DEFAULT_DYNAMIC_EXTENT] * (dyn.dim + 1)
-
-
 def tune(
     source_text: str,
     hardware: HardwareModel,
@@ -757,18 +705,21 @@ def tune(
     """
     hints = parse_shape_hints(shape_hints)
     bucket_map = parse_buckets(buckets)
-    common = dict(strategy=strategy, seed=seed, warm_start_plans=warm_start_plans, workers=workers, progress=progress)
-    if not bucket_map:
-        return _search(source_text, hardware, budget=budget, seconds=seconds, shape_hints=hints, **common)
     if len(bucket_map) > 1:
-        raise ValueError("one bucketed dim per search: pass a single --bucket NAME=v1,v2,...")
+        raise ShapeHintError("one bucketed dim per search: pass a single --bucket NAME=v1,v2,...")
+    # Checked before any search: a hint or bucket the module cannot use is the caller's mistake.
+    analysis = analyze(source_text) if hints or bucket_map else None
+    arguments = check_shapes(analysis.module, analysis.graph, hints, bucket_map) if analysis else []
+    common = dict(strategy=strategy, seed=seed, warm_start_plans=warm_start_plans, workers=workers, progress=progress)
+    if analysis is None or not bucket_map:
+        return _search(source_text, hardware, budget=budget, seconds=seconds, shape_hints=hints, **common)
     (name, values), = bucket_map.items()
-    graph = analyze(source_text).graph
+    graph = analysis.graph
     share_budget = max(10, budget // len(values))
     share_s = seconds / len(values) if seconds else None
     results: list[tuple[int, TuneResult]] = []
     for v in values:
-        bh = _bucket_hints(graph, name, v, hints)
+        bh = bucket_hints(graph, arguments, name, v, hints)
         results.append((v, _search(source_text, hardware, budget=share_budget, seconds=share_s, shape_hints=bh, **common)))
     bucket_results, dispatch = [], []
     low: int | None = None
@@ -780,7 +731,7 @@ def tune(
     top = results[-1][1]
     total_evals = sum(r.evaluations for _, r in results)
     total_s = sum(r.elapsed_s for _, r in results)
-    warnings = sorted({w for _, r in results for w in r.warnings if "no shape hints" not in w})
+    warnings = sorted({w for _, r in results for w in r.warnings})
     return top.model_copy(update={
         "evaluations": total_evals,
         "evaluations_per_s": total_evals / max(total_s, 1e-9),

@@ -476,11 +476,6 @@ def build_space(graph: OpGraph, hardware: HardwareModel, shape_hints: dict[str, 
     empty = [u for u in untiled if 0 in shapes.loop_ranges(graph.op(u))]
     if empty:
         notes.append(f"op(s) {empty} have a zero-sized dim: they compute nothing and are not tiled")
-    if shapes.defaulted:
-        notes.append(
-            f"dynamic dims without a shape hint: {', '.join(shapes.defaulted)}; assumed "
-            f"{DEFAULT_DYNAMIC_EXTENT} (pass --shape-hint argN=AxB or --bucket)"
-        )
     return SearchSpace(graph=graph, groups=groups, untiled=untiled, notes=notes, shapes=shapes)
 
 

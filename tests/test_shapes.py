@@ -1,0 +1,163 @@
+"""Shape hints and buckets: checked against the module, with errors that say what to fix (CLI
+exit code 2, API 422), and the hints each bucket of a bucketed search gets."""
+
+from __future__ import annotations
+
+import pytest
+from fastapi.testclient import TestClient
+from typer.testing import CliRunner
+
+from _shared import WORKLOADS
+from service.api.app import create_app
+from service.cli import app
+from service.config import Settings
+from service.hardware.profiles import get_profile
+from service.ir.analysis import analyze
+from service.search.engine import tune
+from service.search.shapes import (
+    ShapeHintError,
+    bucket_hints,
+    check_shapes,
+    function_arguments,
+    parse_buckets,
+    parse_shape_hints,
+)
+
+DYNAMIC_MATMUL = (WORKLOADS / "dynamic_matmul.mlir").read_text()  # (%x: tensor<?x1024xf32>, %w: tensor<1024x1024xf32>)
+MATMUL = (WORKLOADS / "matmul_1024.mlir").read_text()  # static
+# Both dims dynamic, and a scalar argument.
+SCALE = """
+#id = affine_map<(d0, d1) -> (d0, d1)>
+func.func @scale(%x: tensor<?x?xf32>, %s: f32) -> tensor<?x?xf32> {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %m = tensor.dim %x, %c0 : tensor<?x?xf32>
+  %n = tensor.dim %x, %c1 : tensor<?x?xf32>
+  %e = tensor.empty(%m, %n) : tensor<?x?xf32>
+  %r = linalg.generic {indexing_maps = [#id, #id], iterator_types = ["parallel", "parallel"]}
+      ins(%x : tensor<?x?xf32>) outs(%e : tensor<?x?xf32>) {
+  ^bb0(%a: f32, %o: f32):
+    %y = arith.mulf %a, %s : f32
+    linalg.yield %y : f32
+  } -> tensor<?x?xf32>
+  return %r : tensor<?x?xf32>
+}
+"""
+# The result's static dim (16) differs from the dynamic argument's (8).
+NARROW = """
+func.func @narrow(%x: tensor<?x8xf32>, %w: tensor<8x16xf32>) -> tensor<?x16xf32> {
+  %c0 = arith.constant 0 : index
+  %zero = arith.constant 0.0 : f32
+  %m = tensor.dim %x, %c0 : tensor<?x8xf32>
+  %e = tensor.empty(%m) : tensor<?x16xf32>
+  %acc = linalg.fill ins(%zero : f32) outs(%e : tensor<?x16xf32>) -> tensor<?x16xf32>
+  %r = linalg.matmul ins(%x, %w : tensor<?x8xf32>, tensor<8x16xf32>) outs(%acc : tensor<?x16xf32>) -> tensor<?x16xf32>
+  return %r : tensor<?x16xf32>
+}
+"""
+
+
+def check(source: str, hints=None, buckets=None) -> None:
+    analysis = analyze(source)
+    check_shapes(analysis.module, analysis.graph, parse_shape_hints(hints), parse_buckets(buckets))
+
+
+@pytest.mark.parametrize("hints, message", [
+    (["arg0=-4x1024"], "shape hint arg0=-4x1024: dim 0 is -4; every dim must be at least 1"),
+    (["arg0=0x1024"], "dim 0 is 0; every dim must be at least 1"),
+    (["arg0=64"], "shape hint arg0=64: arg0 has rank 2 (tensor<?x1024xf32>); give 2 dims, e.g. arg0=64x1024"),
+    (["arg7=64x1024"], "the module has no arg7; its arguments: arg0 tensor<?x1024xf32>, arg1 tensor<1024x1024xf32>"),
+    (["arg0=64x512"], "dim 1 of arg0 is 1024 (tensor<?x1024xf32>); keep its static dims, e.g. arg0=64x1024"),
+    (["arg1=1024x1024"], "arg1 is static (tensor<1024x1024xf32>) and needs no hint; arguments with dynamic dims: arg0"),
+    (["arg0=64xa"], "'a' is not a whole number"),
+    (["arg0"], "shape hint 'arg0': write argN=AxB"),
+    (["x=64x1024"], "name a function argument as argN"),
+    (["arg0=64x1024", "arg0=8x1024"], "shape hint arg0 is given twice"),
+    ({"arg0": []}, "no sizes given"),
+])
+def test_bad_shape_hints_say_what_to_fix(hints, message):
+    with pytest.raises(ShapeHintError) as err:
+        check(DYNAMIC_MATMUL, hints=hints)
+    assert message in str(err.value)
+
+
+@pytest.mark.parametrize("source, buckets, message", [
+    (MATMUL, ["M=1,16"], "bucket M=1,16: the module has no dynamic dims (every shape is static)"),
+    (DYNAMIC_MATMUL, ["M=0,16"], "bucket M=0,16: 0 is not a size; every value must be at least 1"),
+    (DYNAMIC_MATMUL, {"M": []}, "bucket M=: no sizes given"),
+    (DYNAMIC_MATMUL, ["M=a,b"], "bucket M=a,b: 'a' is not a whole number"),
+    (DYNAMIC_MATMUL, ["M=16,1,16"], "16 listed more than once"),
+    (DYNAMIC_MATMUL, ["arg1=1,16"], "arg1 (tensor<1024x1024xf32>) has no dynamic dim; dynamic dims: arg0.0 (tensor<?x1024xf32>)"),
+    (DYNAMIC_MATMUL, ["arg0.1=1,16"], "dim 1 of arg0 (tensor<?x1024xf32>) is not dynamic"),
+    (DYNAMIC_MATMUL, ["arg5.0=1,16"], "the module has no arg5"),
+    (DYNAMIC_MATMUL, ["arg0.x=1,16"], "name an argument's dynamic dims as argN"),
+    (SCALE, ["arg1=1,16"], "arg1 (f32) has no dynamic dim; dynamic dims: arg0.0 (tensor<?x?xf32>), arg0.1"),
+])
+def test_bad_buckets_say_what_to_fix(source, buckets, message):
+    with pytest.raises(ShapeHintError) as err:
+        check(source, buckets=buckets)
+    assert message in str(err.value)
+
+
+def test_good_hints_and_buckets_pass_in_every_spelling():
+    assert parse_shape_hints(["arg0=64X1024"]) == parse_shape_hints({"arg0": "64x1024"}) == {"arg0": [64, 1024]}
+    assert parse_buckets(["M=128, 1,16"]) == parse_buckets({"M": [16, 128, 1]}) == {"M": [1, 16, 128]}
+    check(DYNAMIC_MATMUL, hints=["arg0=64x1024"], buckets=["arg0.0=1,16"])
+    check(SCALE, hints={"arg0": [3, 5]}, buckets=["arg0=1,2"])
+    with pytest.raises(ShapeHintError, match=r"arg1 is static \(f32\)"):
+        check(SCALE, hints=["arg1=4"])
+
+
+def test_bucket_hints_keep_the_arguments_static_dims():
+    """A bucket sizes the argument's dynamic dim; its static dims come from its type (the fill's
+    result, tensor<?x16xf32>, was taken for arg0's shape)."""
+    analysis = analyze(NARROW)
+    args = function_arguments(analysis.module)
+    assert bucket_hints(analysis.graph, args, "M", 32, {}) == {"arg0": [32, 8]}
+    scale = analyze(SCALE)
+    args = function_arguments(scale.module)
+    assert bucket_hints(scale.graph, args, "arg0.1", 4, {}) == {"arg0": [128, 4]}
+    assert bucket_hints(scale.graph, args, "N", 4, {"arg0": [2, 3]}) == {"arg0": [4, 4]}
+
+
+def test_tune_rejects_bad_hints_before_searching():
+    def fail(*_args):
+        raise AssertionError("searched")
+
+    with pytest.raises(ShapeHintError, match="no dynamic dims"):
+        tune(MATMUL, get_profile("host-cpu"), budget=4, workers=1, buckets={"M": [1, 16]}, progress=fail)
+
+
+def test_a_search_without_hints_warns_once_about_the_assumed_extent():
+    r = tune(DYNAMIC_MATMUL, get_profile("host-cpu"), budget=4, strategy="random", workers=1)
+    assert len([w for w in r.warnings if "assumed 128" in w]) == 1, r.warnings
+
+
+def test_cli_bad_shape_hint_exits_2_with_the_message():
+    result = CliRunner().invoke(app, ["tune", str(WORKLOADS / "dynamic_matmul.mlir"), "--shape-hint", "arg0=64",
+                                      "--budget", "4", "--workers", "1", "--json"])
+    assert result.exit_code == 2, result.output
+    assert "error: shape hint arg0=64: arg0 has rank 2 (tensor<?x1024xf32>); give 2 dims, e.g. arg0=64x1024" in result.output
+
+
+def test_api_takes_both_hint_forms_and_rejects_misfits_with_422(migrated_url, tmp_path, monkeypatch):
+    monkeypatch.setenv("TILESEARCH_HARDWARE_DIR", str(tmp_path / "hardware"))
+    settings = Settings(database_url=migrated_url, request_timeout_s=60, pool_workers=2)
+    with TestClient(create_app(settings)) as client:
+        def tile(**extra):
+            body = {"module": DYNAMIC_MATMUL, "hardware": "host-cpu", "budget": 4, **extra}
+            return client.post("/v1/tilings", json=body)
+
+        as_text = tile(shape_hints={"arg0": "64x1024"})
+        assert as_text.status_code == 200, as_text.text
+        as_list = tile(shape_hints={"arg0": [64, 1024]}).json()
+        assert (as_list["cache"], as_list["id"]) == ("hit", as_text.json()["id"])
+
+        rank = tile(shape_hints={"arg0": [64]})
+        assert rank.status_code == 422
+        assert rank.json()["detail"]["error"] == "InvalidSearchParameters"
+        assert "arg0 has rank 2 (tensor<?x1024xf32>); give 2 dims, e.g. arg0=64x1024" in rank.json()["detail"]["message"]
+        empty = tile(buckets={"M": []})
+        assert empty.status_code == 422 and "bucket M=: no sizes given" in empty.json()["detail"]["message"]
+        zero = tile(shape_hints={"arg0": "0x1024"})
+        assert zero.status_code == 422 and "dim 0 is 0; every dim must be at least 1" in zero.text
