@@ -276,10 +276,12 @@ def cost_cmd(
     from service.hardware.profiles import UnknownHardwareError
     from service.ir.errors import IRError
 
-    hints = dict(h.split("=", 1) for h in shape_hint)
+    from service.search.shapes import ShapeHintError, parse_shape_hints
+
     try:
+        hints = parse_shape_hints(shape_hint)
         result = _run_ir_task(cost_of_plan, _read_module(file), json.loads(plan.read_text()), hardware, hints)
-    except (IRError, ValidationError, UnknownHardwareError, json.JSONDecodeError) as exc:
+    except (IRError, ValidationError, UnknownHardwareError, json.JSONDecodeError, ShapeHintError) as exc:
         raise _ir_failure(exc) from None
     if as_json:
         typer.echo(json.dumps(result, indent=2))

@@ -3,6 +3,8 @@ exit code 2, API 422), and the hints each bucket of a bucketed search gets."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from fastapi.testclient import TestClient
 from typer.testing import CliRunner
@@ -138,6 +140,17 @@ def test_cli_bad_shape_hint_exits_2_with_the_message():
                                       "--budget", "4", "--workers", "1", "--json"])
     assert result.exit_code == 2, result.output
     assert "error: shape hint arg0=64: arg0 has rank 2 (tensor<?x1024xf32>); give 2 dims, e.g. arg0=64x1024" in result.output
+
+
+def test_cli_cost_takes_hints_in_the_same_form_and_rejects_bad_ones(tmp_path):
+    plan = tmp_path / "plan.json"
+    plan.write_text('{"groups": [{"anchor": 1, "fuse": [0], "levels": [{"tile_sizes": [64, 64, 0], "loop": "forall"}]}]}')
+    args = ["cost", str(WORKLOADS / "dynamic_matmul.mlir"), "--plan", str(plan), "--json", "--shape-hint"]
+    bad = CliRunner().invoke(app, [*args, "arg0=0x1024"])
+    assert bad.exit_code == 2 and "every dim must be at least 1" in bad.output
+    good = CliRunner().invoke(app, [*args, "arg0=512x1024"])
+    assert good.exit_code == 0, good.output
+    assert not any("assumed" in n for n in json.loads(good.output)["notes"])
 
 
 def test_api_takes_both_hint_forms_and_rejects_misfits_with_422(migrated_url, tmp_path, monkeypatch):
