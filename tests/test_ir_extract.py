@@ -108,3 +108,41 @@ func.func @f(%x: tensor<12x128x64xf32>, %w: tensor<768x768xf32>) -> tensor<128x7
     with pytest.raises(NotExtractable, match="fused through tensor.collapse_shape"):
         extract_ops(a.tagged, {0, 1, 2})
     assert extract_ops(a.tagged, {1, 2}) is not None  # the matmul alone is fine
+
+
+_TWO_FUNCTIONS = """
+#id = affine_map<(d0, d1) -> (d0, d1)>
+func.func private @dense(%x: tensor<256x512xf32>, %w: tensor<512x512xf32>) -> tensor<256x512xf32> {
+  %zero = arith.constant 0.0 : f32
+  %e = tensor.empty() : tensor<256x512xf32>
+  %a = linalg.fill ins(%zero : f32) outs(%e : tensor<256x512xf32>) -> tensor<256x512xf32>
+  %m = linalg.matmul ins(%x, %w : tensor<256x512xf32>, tensor<512x512xf32>) outs(%a : tensor<256x512xf32>) -> tensor<256x512xf32>
+  return %m : tensor<256x512xf32>
+}
+func.func @model(%x: tensor<256x512xf32>, %w1: tensor<512x512xf32>, %w2: tensor<512x512xf32>) -> tensor<256x512xf32> {
+  %h = func.call @dense(%x, %w1) : (tensor<256x512xf32>, tensor<512x512xf32>) -> tensor<256x512xf32>
+  %e = tensor.empty() : tensor<256x512xf32>
+  %sq = linalg.generic {indexing_maps = [#id, #id], iterator_types = ["parallel", "parallel"]}
+      ins(%h : tensor<256x512xf32>) outs(%e : tensor<256x512xf32>) {
+  ^bb0(%v: f32, %o: f32):
+    %s = arith.mulf %v, %v : f32
+    linalg.yield %s : f32
+  } -> tensor<256x512xf32>
+  %y = func.call @dense(%sq, %w2) : (tensor<256x512xf32>, tensor<512x512xf32>) -> tensor<256x512xf32>
+  return %y : tensor<256x512xf32>
+}"""
+
+
+def test_the_other_functions_of_an_extract_are_declarations():
+    """Their ops belong to the rest of the module: left in the extract, they were priced (and
+    their scratchpad overflows counted) with every candidate of the group."""
+    a = analyze(_TWO_FUNCTIONS)  # uids: 0 fill, 1 matmul (@dense), 2 generic (@model)
+    for uids, kept in (({0, 1}, "dense"), ({2}, "model")):
+        extract = extract_ops(a.tagged, uids)
+        with context():
+            funcs = {str(op.attributes["sym_name"]).strip('"'): bool(op.regions[0].blocks)
+                     for op in extract.regions[0].blocks[0].operations if op.operation.name == "func.func"}
+            tagged = sorted(u for op in walk_ops(extract.operation) if (u := uid_of(op)) is not None)
+        assert tagged == sorted(uids)
+        assert {name for name, has_body in funcs.items() if has_body} == {kept}
+        assert {"dense", "model"} <= set(funcs)  # calls to the other function still resolve

@@ -338,3 +338,12 @@ def test_a_module_with_nothing_to_tile_says_so(host):
              budget=10, strategy="random", seed=0, workers=1)
     assert r.plan == {"groups": []} and r.predicted["latency_s"] == 0
     assert any(w.startswith("nothing to tile") for w in r.warnings)
+
+
+def test_a_two_function_module_fits_the_scratchpad():
+    """A group in one function was scored on an extract that still held the other function's
+    untiled ops: their overflow made every plan infeasible on npu-sram-256k."""
+    from test_ir_extract import _TWO_FUNCTIONS
+
+    r = tune(_TWO_FUNCTIONS, get_profile("npu-sram-256k"), budget=60, strategy="random", seed=0, workers=1)
+    assert r.feasible and {g["anchor"] for g in r.plan["groups"]} == {1, 2}

@@ -177,3 +177,21 @@ def _cut(module: ir.OpView, uids: set[int]) -> None:
     func.operation.attributes["function_type"] = ir.TypeAttr.get(func_type)
     if "arg_attrs" in func.operation.attributes:  # sized for the old signature
         del func.operation.attributes["arg_attrs"]
+    _declare_other_functions(module, func, loc)
+
+
+def _declare_other_functions(module: ir.OpView, kept, loc: ir.Location) -> None:
+    """Every other function becomes a declaration of itself: its ops belong to the rest of the
+    module (priced once, at the search context), and calls to it stay valid."""
+    body = module.regions[0].blocks[0]
+    for op in list(body.operations):
+        if op.operation.name != "func.func" or op.operation == kept.operation or not op.regions[0].blocks:
+            continue
+        attrs = op.operation.attributes
+        with ir.InsertionPoint(body):
+            ir.Operation.create(
+                "func.func", regions=1, loc=loc,
+                attributes={"sym_name": attrs["sym_name"], "function_type": attrs["function_type"],
+                            "sym_visibility": ir.StringAttr.get("private")},
+            )
+        op.operation.erase()
