@@ -23,12 +23,12 @@ from pydantic import BaseModel, Field
 from service.hardware.model import HardwareModel
 from service.ir.analysis import analyze
 from service.ir.errors import PlanError
-from service.ir.plan import Plan
+from service.ir.plan import Group, Plan
 from service.ir.transform import check_plan
 
 from .candidate import Candidate, Evaluation
 from .shapes import ShapeHintError, bucket_hints, check_shapes, parse_buckets, parse_shape_hints
-from .space import DEFAULT_DYNAMIC_EXTENT, SPACE_VERSION, GroupSpec, build_space, complete_plan
+from .space import DEFAULT_DYNAMIC_EXTENT, SPACE_VERSION, GroupSpec, build_space, complete_plan, standalone_group
 from .strategies import STRATEGIES, SuperTilingStrategy, make_strategy, supertiling_plan
 
 log = logging.getLogger(__name__)
@@ -518,6 +518,30 @@ def _search(
             if not isinstance(spec.to_group(start), str):
                 context[spec.name] = start
 
+        def settle_standalone() -> None:
+            """Apply each standalone tiling (an op no group tiles that does not fit memory) once
+            on its own, forall then for; every plan carries them, so one MLIR cannot apply would
+            reject every candidate. An op neither applies to stays whole."""
+            tried: dict[int, list[Group]] = {}
+            for uid in graph.topological_order():
+                g = standalone_group(graph, uid, space.shapes, hardware)
+                if g is not None and not graph.op(uid).fuse_groups:
+                    serial = g.model_copy(update={"levels": [lv.model_copy(update={"loop": "for"}) for lv in g.levels]})
+                    tried[uid] = [g, serial]
+            for attempt in range(2):
+                pending = [u for u, gs in tried.items() if u not in space.standalone]
+                if not pending:
+                    break
+                evs = evaluator.evaluate([(Candidate(params={}, source="standalone"), Plan(groups=[tried[u][attempt]])) for u in pending])
+                record(evs)
+                for u, ev in zip(pending, evs):
+                    if ev.stage == "cost":
+                        space.standalone[u] = tried[u][attempt]
+                    elif attempt == 1:
+                        space.standalone[u] = None
+                        warnings.append(f"op {u} ({graph.op(u).name}) does not fit memory but MLIR cannot tile it on its own "
+                                        f"({ev.reason}); it stays whole")
+
         def applicable_context(start: dict[str, dict]) -> dict[str, dict]:
             """The starting groups, in order, that apply together; a group whose starting tiling
             MLIR cannot apply (e.g. producer fusion across a collapse_shape) starts untiled, or
@@ -548,6 +572,8 @@ def _search(
                     return str(err)
             return plan
 
+        if strategy != "supertiling":
+            settle_standalone()
         if space.groups and context and strategy != "supertiling":
             (start_ev,) = evaluator.evaluate([(Candidate(params={}, source="default"), plan_of(context))])
             record([start_ev])

@@ -270,6 +270,9 @@ class SearchSpace:
     untiled: list[int]  # ops in no group (they fit memory, or could not be grouped)
     notes: list[str]
     shapes: ShapeContext
+    # Standalone tilings settled by applying them (engine): uid -> the group to use, or None
+    # when MLIR cannot tile the op on its own (tensor.concat along its concat dim).
+    standalone: dict[int, Group | None] = field(default_factory=dict)
 
     def knobs(self) -> list[Knob]:
         return [k for g in self.groups for k in g.knobs()]
@@ -510,7 +513,7 @@ def complete_plan(space: SearchSpace, plan: Plan, hardware: HardwareModel) -> Pl
     for uid in space.graph.topological_order():
         if uid in covered or space.graph.op(uid).fuse_groups:
             continue
-        g = standalone_group(space.graph, uid, space.shapes, hardware)
+        g = space.standalone[uid] if uid in space.standalone else standalone_group(space.graph, uid, space.shapes, hardware)
         if g is not None:
             extra.append(g)
     return Plan(groups=[*plan.groups, *extra]) if extra else plan
