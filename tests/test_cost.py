@@ -322,3 +322,28 @@ func.func @f(%x: tensor<12x128x64xf32>, %w: tensor<768x768xf32>) -> tensor<128x7
         cost = estimate_cost(tiled, get_profile("host-cpu"))
     assert cost.feasible and cost.latency_s > 0
     assert sorted(u for n in cost.nests for u in n.uids) == [0, 1, 2]
+
+
+def test_tensor_pad_and_concat_are_priced_as_data_movement() -> None:
+    """They implement TilingInterface like linalg ops; the cost model skipped them (a 1 MiB
+    concat on a 256 KiB scratchpad was called feasible)."""
+    src = """
+func.func @f(%a: tensor<256x384xf32>, %b: tensor<256x640xf32>) -> tensor<258x1024xf32> {
+  %zero = arith.constant 0.0 : f32
+  %cat = tensor.concat dim(1) %a, %b : (tensor<256x384xf32>, tensor<256x640xf32>) -> tensor<256x1024xf32>
+  %p = tensor.pad %cat low[1, 0] high[1, 0] {
+  ^bb0(%i: index, %j: index):
+    tensor.yield %zero : f32
+  } : tensor<256x1024xf32> to tensor<258x1024xf32>
+  return %p : tensor<258x1024xf32>
+}"""
+    with context():
+        module = parse_module(src)
+        host = estimate_cost(module, get_profile("host-cpu"))
+        npu = estimate_cost(module, get_profile("npu-sram-256k"))
+    assert [n.root_op for n in host.nests] == ["tensor.concat", "tensor.pad"]
+    assert host.flops == 0 and all(n.latency_s > 0 for n in host.nests)
+    # Each reads and writes its tensors once: 1 MiB in + 1 MiB out for the concat.
+    main = host.levels[0]
+    assert main.traffic_bytes >= 4 * 256 * 1024 * 4
+    assert not npu.feasible and any("tensor.concat" in r for r in npu.reasons)

@@ -369,3 +369,7 @@ func.func @concat_mm(%x: tensor<256x512xf32>, %w1: tensor<512x384xf32>, %w2: ten
     assert {g["anchor"] for g in r.plan["groups"]} == {1, 3}
     assert any("op 4 (tensor.concat) does not fit memory but MLIR cannot tile it on its own" in w for w in r.warnings)
     assert sum(t.stage == "cost" for t in r.trials) > 20
+    # The whole concat cannot fit the scratchpad: no plan is feasible, and the one returned is the
+    # least bad (only the concat breaks the limit), not the fastest of the infeasible ones.
+    assert not r.feasible
+    assert [n["uids"] for n in r.predicted["nests"] if n["reasons"]] == [[4]]

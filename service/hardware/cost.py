@@ -117,8 +117,14 @@ def _uid(op) -> int | None:
     return None
 
 
+# TilingInterface ops outside linalg: data movement the cost model prices like a copy (no flops;
+# every element read and written), tiled or not.
+_TENSOR_TILEABLE = ("tensor.pad", "tensor.concat")
+
+
 def _is_tileable(op) -> bool:
-    return _opname(op).startswith("linalg.") and _opname(op) not in ("linalg.yield", "linalg.index")
+    name = _opname(op)
+    return (name.startswith("linalg.") and name not in ("linalg.yield", "linalg.index")) or name in _TENSOR_TILEABLE
 
 
 def _body_ops(op, region: int = 0) -> list:

@@ -395,13 +395,22 @@ class Evaluator:
         return self.collect(self.submit(items))
 
 
+def _violations(ev: Evaluation) -> int:
+    """Hardware limits an evaluation breaks (0 when feasible)."""
+    if ev.feasible:
+        return 0
+    return len(ev.cost["reasons"]) if ev.cost else 1 << 30
+
+
 def _better(a: Evaluation | None, b: Evaluation) -> bool:
-    """Is b better than a: feasible first, then lower latency, ties by plan hash (determinism)."""
+    """Is b better than a: feasible first, then fewer broken limits (the least bad plan when no
+    plan fits: an op that cannot be tiled at all leaves every plan infeasible, and an
+    infeasible plan's latency says little), then lower latency, ties by plan hash."""
     if b.latency_s is None:
         return False
     if a is None or a.latency_s is None:
         return True
-    return (b.objective, b.plan_hash or "") < (a.objective, a.plan_hash or "")
+    return (_violations(b), b.objective, b.plan_hash or "") < (_violations(a), a.objective, a.plan_hash or "")
 
 
 def _params_from_group(spec: GroupSpec, group) -> dict | None:
@@ -523,7 +532,10 @@ def _search(
             on its own, forall then for; every plan carries them, so one MLIR cannot apply would
             reject every candidate. An op neither applies to stays whole."""
             tried: dict[int, list[Group]] = {}
+            always_grouped = {u for spec in space.groups for u in (spec.anchor, *spec.fixed)}
             for uid in graph.topological_order():
+                if uid in always_grouped:
+                    continue
                 g = standalone_group(graph, uid, space.shapes, hardware)
                 if g is not None and not graph.op(uid).fuse_groups:
                     serial = g.model_copy(update={"levels": [lv.model_copy(update={"loop": "for"}) for lv in g.levels]})
