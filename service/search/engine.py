@@ -532,10 +532,9 @@ def _search(
             on its own, forall then for; every plan carries them, so one MLIR cannot apply would
             reject every candidate. An op neither applies to stays whole."""
             tried: dict[int, list[Group]] = {}
-            always_grouped = {u for spec in space.groups for u in (spec.anchor, *spec.fixed)}
+            # Anchors too: a group a plan leaves untiled (its tiling does not apply) gets its
+            # anchor's standalone tiling.
             for uid in graph.topological_order():
-                if uid in always_grouped:
-                    continue
                 g = standalone_group(graph, uid, space.shapes, hardware)
                 if g is not None and not graph.op(uid).fuse_groups:
                     serial = g.model_copy(update={"levels": [lv.model_copy(update={"loop": "for"}) for lv in g.levels]})
