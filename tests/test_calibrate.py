@@ -59,6 +59,17 @@ def test_sampled_plans_are_distinct_inside_iree_limits_and_include_the_default(w
     assert sizes[0] < 64 and sizes[-1] >= 2048  # spans bad and good
 
 
+def synthetic_samples(workloads, predictor, truth, plans: int, noise: float, seed: int) -> list[Sample]:
+    """Sampled plans 'measured' as the cost model under `truth` predicts them, with log-normal noise."""
+    rng = random.Random(seed)
+    return [
+        Sample(workload=w.name, plan=p,
+               measured_s=predictor.latency_s(w.name, p, truth) * math.exp(rng.gauss(0, noise)))
+        for w in workloads
+        for p in sample_plans(w, plans)
+    ]
+
+
 def test_fit_improves_a_held_out_workload(workloads):
     found, _ = workloads
     names = ["matmul_1024", "mlp_chain", "attention_scores"]
@@ -71,13 +82,7 @@ def test_fit_improves_a_held_out_workload(workloads):
         Calibration(compute_efficiency=0.35, loop_overhead_scale=4.0,
                     bandwidth_efficiency={levels[0]: 0.4, levels[-1]: 0.5}),
     )
-    rng = random.Random(0)
-    samples = [
-        Sample(workload=w.name, plan=p,
-               measured_s=predictor.latency_s(w.name, p, truth) * math.exp(rng.gauss(0, 0.05)))
-        for w in chosen
-        for p in sample_plans(w, 6)
-    ]
+    samples = synthetic_samples(chosen, predictor, truth, plans=6, noise=0.05, seed=0)
     train = [s for s in samples if s.workload != "attention_scores"]
     held_out = [s for s in samples if s.workload == "attention_scores"]
 
@@ -99,13 +104,7 @@ def test_fit_recovers_the_register_tile_terms_of_another_microarchitecture(workl
     nominal = with_register_tile(with_calibration(detect_host_cpu(), Calibration()), 16, 8)
     truth = with_calibration(with_register_tile(nominal, 8, 8),
                              Calibration(compute_efficiency=0.5, loop_overhead_scale=2.0))
-    rng = random.Random(1)
-    samples = [
-        Sample(workload=w.name, plan=p,
-               measured_s=predictor.latency_s(w.name, p, truth) * math.exp(rng.gauss(0, 0.03)))
-        for w in chosen
-        for p in sample_plans(w, 12)
-    ]
+    samples = synthetic_samples(chosen, predictor, truth, plans=12, noise=0.03, seed=1)
     fitted = fit_profile(samples, predictor, nominal, max_evals=300)
     assert fitted.compute.register_tile_rows == 8
     assert fitted.compute.fma_pipeline_depth == 8

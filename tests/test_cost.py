@@ -11,7 +11,7 @@ from service.ir.parse import parse_module
 from service.ir.plan import Plan
 from service.ir.transform import apply_plan
 
-from _shared import WORKLOADS  # noqa: E402  (../shared beside the repo)
+from _shared import HEAD_MERGE, WORKLOADS  # noqa: E402  (../shared beside the repo)
 KiB = 1024
 
 
@@ -301,17 +301,7 @@ def test_a_defaulted_dynamic_dim_is_a_note_not_a_log_line_per_estimate(caplog) -
 def test_fusion_across_a_collapse_shape_is_costed() -> None:
     """Fusing a producer through tensor.collapse_shape leaves affine.delinearize_index offsets
     (no `map` attribute, several results): the cost model used to raise KeyError on them."""
-    src = """
-func.func @f(%x: tensor<12x128x64xf32>, %w: tensor<768x768xf32>) -> tensor<128x768xf32> {
-  %zero = arith.constant 0.0 : f32
-  %te = tensor.empty() : tensor<128x12x64xf32>
-  %t = linalg.transpose ins(%x : tensor<12x128x64xf32>) outs(%te : tensor<128x12x64xf32>) permutation = [1, 0, 2]
-  %c = tensor.collapse_shape %t [[0], [1, 2]] : tensor<128x12x64xf32> into tensor<128x768xf32>
-  %e = tensor.empty() : tensor<128x768xf32>
-  %a = linalg.fill ins(%zero : f32) outs(%e : tensor<128x768xf32>) -> tensor<128x768xf32>
-  %m = linalg.matmul ins(%c, %w : tensor<128x768xf32>, tensor<768x768xf32>) outs(%a : tensor<128x768xf32>) -> tensor<128x768xf32>
-  return %m : tensor<128x768xf32>
-}"""
+    src = HEAD_MERGE
     plan = Plan.model_validate({"groups": [{"anchor": 2, "fuse": [0, 1], "levels": [
         {"tile_sizes": [64, 128, 0], "loop": "for"}, {"tile_sizes": [8, 32, 0], "loop": "for"},
         {"tile_sizes": [0, 0, 1], "loop": "for"}]}]})

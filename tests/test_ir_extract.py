@@ -9,7 +9,7 @@ from service.ir.extract import NotExtractable, extract_ops
 from service.ir.graph import build_graph, uid_of, walk_ops
 from service.ir.mlir import context
 
-from _shared import WORKLOADS  # noqa: E402  (../shared beside the repo)
+from _shared import HEAD_MERGE, WORKLOADS  # noqa: E402  (../shared beside the repo)
 
 
 def body_ops(module) -> list:
@@ -94,17 +94,7 @@ def test_every_outside_input_of_a_group_op_becomes_an_argument():
 def test_a_group_fused_through_a_reshape_is_not_extracted():
     """Fusion through a collapse_shape uses rewrite patterns applied to the whole function, which
     also rewrite the other groups' nests: the rest of the module would not stay constant."""
-    a = analyze("""
-func.func @f(%x: tensor<12x128x64xf32>, %w: tensor<768x768xf32>) -> tensor<128x768xf32> {
-  %zero = arith.constant 0.0 : f32
-  %te = tensor.empty() : tensor<128x12x64xf32>
-  %t = linalg.transpose ins(%x : tensor<12x128x64xf32>) outs(%te : tensor<128x12x64xf32>) permutation = [1, 0, 2]
-  %c = tensor.collapse_shape %t [[0], [1, 2]] : tensor<128x12x64xf32> into tensor<128x768xf32>
-  %e = tensor.empty() : tensor<128x768xf32>
-  %a = linalg.fill ins(%zero : f32) outs(%e : tensor<128x768xf32>) -> tensor<128x768xf32>
-  %m = linalg.matmul ins(%c, %w : tensor<128x768xf32>, tensor<768x768xf32>) outs(%a : tensor<128x768xf32>) -> tensor<128x768xf32>
-  return %m : tensor<128x768xf32>
-}""")
+    a = analyze(HEAD_MERGE)
     with pytest.raises(NotExtractable, match="fused through tensor.collapse_shape"):
         extract_ops(a.tagged, {0, 1, 2})
     assert extract_ops(a.tagged, {1, 2}) is not None  # the matmul alone is fine
