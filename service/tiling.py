@@ -166,13 +166,15 @@ class TilingService:
             self._slots.release()
 
     def decide(self, request: TilingRequest) -> TilingOutcome:
-        from service.search.tasks import search_and_realise
+        from service.search.tasks import check_search_shapes, search_and_realise
 
         timings: dict[str, float] = {}
         t0 = time.perf_counter()
         hardware = self._hardware(request.hardware)
         limit = self.settings.request_timeout_s
         info = self._analyse(request.module, timeout=limit)
+        if request.shape_hints or request.buckets:
+            self._run(check_search_shapes, request.module, request.shape_hints, request.buckets, timeout=limit)
         timings["analyse_s"] = time.perf_counter() - t0
         parts = repo.DecisionKeyParts(
             module_fingerprint=info["fingerprint"],

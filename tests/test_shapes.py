@@ -174,3 +174,8 @@ def test_api_takes_both_hint_forms_and_rejects_misfits_with_422(migrated_url, tm
         assert empty.status_code == 422 and "bucket M=: no sizes given" in empty.json()["detail"]["message"]
         zero = tile(shape_hints={"arg0": "0x1024"})
         assert zero.status_code == 422 and "dim 0 is 0; every dim must be at least 1" in zero.text
+        static = tile(shape_hints={"arg1": [1024, 1024]})
+        assert static.status_code == 422 and "arg1 is static" in static.json()["detail"]["message"]
+        # Checked before a search is claimed: the misfits left no (failed) decision behind.
+        decisions = client.get("/v1/tilings").json()["items"]
+        assert [d["id"] for d in decisions] == [as_text.json()["id"]]
