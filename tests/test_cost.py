@@ -337,3 +337,59 @@ func.func @f(%a: tensor<256x384xf32>, %b: tensor<256x640xf32>) -> tensor<258x102
     main = host.levels[0]
     assert main.traffic_bytes >= 4 * 256 * 1024 * 4
     assert not npu.feasible and any("tensor.concat" in r for r in npu.reasons)
+
+
+def test_a_tensor_read_whole_inside_a_loop_counts_in_its_footprint() -> None:
+    """After fusion through a collapse_shape (N untiled) the matmul reads the whole 2.25 MiB
+    weight inside the loop, with no extract_slice: the scratchpad check left it out."""
+    plan = Plan.model_validate({"groups": [{"anchor": 2, "fuse": [0, 1], "levels": [{"tile_sizes": [16, 0, 0], "loop": "for"}]}]})
+    with context():
+        tiled = apply_plan(tag_tileable_ops(parse_module(HEAD_MERGE)), plan).module
+        cost = estimate_cost(tiled, get_profile("npu-sram-256k"))
+    loop = next(n for n in cost.nests if n.root_op == "scf.for")
+    assert max(lp["footprint_bytes"] for lp in loop.loops) >= 768 * 768 * 4
+    assert not cost.feasible and loop.reasons
+
+
+_PAD_CHAIN = """
+#id4 = affine_map<(n, h, w, c) -> (n, h, w, c)>
+func.func @pad_chain(%x: tensor<1x64x64x64xf32>, %w1: tensor<1x1x64x256xf32>, %w2: tensor<3x3x256x64xf32>) -> tensor<1x64x64x64xf32> {
+  %zero = arith.constant 0.0 : f32
+  %e1 = tensor.empty() : tensor<1x64x64x256xf32>
+  %f1 = linalg.fill ins(%zero : f32) outs(%e1 : tensor<1x64x64x256xf32>) -> tensor<1x64x64x256xf32>
+  %c1 = linalg.conv_2d_nhwc_hwcf {dilations = dense<1> : tensor<2xi64>, strides = dense<1> : tensor<2xi64>}
+      ins(%x, %w1 : tensor<1x64x64x64xf32>, tensor<1x1x64x256xf32>) outs(%f1 : tensor<1x64x64x256xf32>) -> tensor<1x64x64x256xf32>
+  %r1 = linalg.generic {indexing_maps = [#id4, #id4], iterator_types = ["parallel", "parallel", "parallel", "parallel"]}
+      ins(%c1 : tensor<1x64x64x256xf32>) outs(%e1 : tensor<1x64x64x256xf32>) {
+  ^bb0(%v: f32, %o: f32):
+    %a = arith.maximumf %v, %zero : f32
+    linalg.yield %a : f32
+  } -> tensor<1x64x64x256xf32>
+  %p = tensor.pad %r1 low[0, 1, 1, 0] high[0, 1, 1, 0] {
+  ^bb0(%i0: index, %i1: index, %i2: index, %i3: index):
+    tensor.yield %zero : f32
+  } : tensor<1x64x64x256xf32> to tensor<1x66x66x256xf32>
+  %e2 = tensor.empty() : tensor<1x64x64x64xf32>
+  %f2 = linalg.fill ins(%zero : f32) outs(%e2 : tensor<1x64x64x64xf32>) -> tensor<1x64x64x64xf32>
+  %c2 = linalg.conv_2d_nhwc_hwcf {dilations = dense<1> : tensor<2xi64>, strides = dense<1> : tensor<2xi64>}
+      ins(%p, %w2 : tensor<1x66x66x256xf32>, tensor<3x3x256x64xf32>) outs(%f2 : tensor<1x64x64x64xf32>) -> tensor<1x64x64x64xf32>
+  return %c2 : tensor<1x64x64x64xf32>
+}"""
+
+
+def test_producers_fused_through_a_pad_are_priced() -> None:
+    """Tiling a tensor.pad guards each tile with scf.if; the ops fused into it (a 1x1 conv and
+    its relu, MobileNet-style) were not costed: a searched block ran at 1.5x the CPU's peak."""
+    def cost_of(fuse: list[int]):
+        plan = Plan.model_validate({"groups": [{"anchor": 5, "fuse": fuse, "levels": [
+            {"tile_sizes": [0, 8, 0, 0, 0, 0, 0], "loop": "for"}]}]})
+        with context():
+            tagged = tag_tileable_ops(parse_module(_PAD_CHAIN))
+            tiled = apply_plan(tagged, plan).module
+            assert "scf.if" in str(tiled) or fuse == [3, 4]
+            return estimate_cost(tiled, get_profile("host-cpu"), original=tagged)
+
+    fused, pad_only = cost_of([0, 1, 2, 3, 4]), cost_of([3, 4])
+    assert sorted(u for n in fused.nests for u in n.uids) == [0, 1, 2, 3, 4, 5]
+    # The fused 1x1 conv is computed per 8-row tile plus a halo row on each side: more flops.
+    assert fused.flops > pad_only.flops and fused.recompute_flops > 0

@@ -117,6 +117,9 @@ def _uid(op) -> int | None:
     return None
 
 
+# Values that hold no data in memory: an operand made by them is not a read.
+_NO_DATA_OPS = ("tensor.empty",)
+
 # TilingInterface ops outside linalg: data movement the cost model prices like a copy (no flops;
 # every element read and written), tiled or not.
 _TENSOR_TILEABLE = ("tensor.pad", "tensor.concat")
@@ -281,7 +284,12 @@ class _Analyzer:
             elif _opname(op) == "tensor.extract_slice":
                 sizes = self.slice_sizes(op)
                 return sizes[dim] if dim < len(sizes) else DEFAULT_DYNAMIC_EXTENT
-            elif _is_tileable(op) or _opname(op) in LOOP_OPS:
+            elif _opname(op) == "tensor.pad":
+                view = op.opview
+                low = self._static_or_int(op, "static_low", view.low)
+                high = self._static_or_int(op, "static_high", view.high)
+                return self.shape(op.operands[0])[dim] + low[dim] + high[dim]
+            elif _opname(op).startswith("linalg.") or _opname(op) in LOOP_OPS:  # destination-style
                 inits = _dps_inits(op)
                 if v.result_number < len(inits):
                     return self.shape(inits[v.result_number])[dim]
@@ -315,14 +323,17 @@ class _Analyzer:
         return v
 
     def slice_sizes(self, op) -> list[int]:
-        static = list(ir.DenseI64ArrayAttr(op.attributes["static_sizes"]))
-        dynamic = list(op.opview.sizes)
+        return self._static_or_int(op, "static_sizes", op.opview.sizes)
+
+    def _static_or_int(self, op, attr: str, dynamic_values, default: int = DEFAULT_DYNAMIC_EXTENT) -> list[int]:
+        """An op's mixed static/dynamic list (sizes, pads), dynamic entries as static ints where
+        known, else `default`."""
+        dynamic = list(dynamic_values)
         out = []
-        for s in static:
+        for s in ir.DenseI64ArrayAttr(op.attributes[attr]):
             if s == DYNAMIC:
-                d = dynamic.pop(0)
-                n = self.int_value(d)
-                out.append(n if n is not None else DEFAULT_DYNAMIC_EXTENT)
+                n = self.int_value(dynamic.pop(0))
+                out.append(n if n is not None else default)
             else:
                 out.append(s)
         return out
@@ -415,12 +426,19 @@ class _Analyzer:
                 self.build_body(child, inner)
             elif name == "scf.forall.in_parallel":
                 self.build_body(node, _body_ops(op))
+            elif name == "scf.if":
+                # Tiling a tensor.pad guards each tile with scf.if (then: an all-padding tile,
+                # else: the producers fused through the pad): priced as one body, once per trip.
+                for region in range(len(op.regions)):
+                    self.build_body(node, _body_ops(op, region))
             elif name == "tensor.extract_slice":
                 self.add_slice(node, op, op.operands[0], op.results[0], is_write=False)
             elif name in ("tensor.insert_slice", "tensor.parallel_insert_slice"):
                 self.add_slice(node, op, op.operands[1], op.operands[0], is_write=True)
             elif _is_tileable(op):
                 node.computes.append(self.compute_of(op, node))
+                if node.kind != "root":
+                    self.add_whole_reads(node, op)
 
     def add_slice(self, node: Node, op, source: ir.Value, tile: ir.Value, is_write: bool) -> None:
         view = op.opview
@@ -439,6 +457,17 @@ class _Analyzer:
                 is_write=is_write,
             )
         )
+
+    def add_whole_reads(self, node: Node, op) -> None:
+        """Tensors from outside the nest an op inside it reads whole, without a slice (a weight
+        after fusion through a collapse_shape): they are live in the loop like any tile."""
+        for v in op.operands:
+            if _ranked(v) is None or isinstance(v, ir.BlockArgument) and v not in self.arg_names:
+                continue  # scalars; loop-carried tensors (their tiles are the loop's slices)
+            if isinstance(v, ir.OpResult) and (v in self.value_node or _opname(v.owner) in _NO_DATA_OPS):
+                continue  # computed in this nest, or no data to read
+            node.slices.append(Slice(key=(self.value_key(v), "whole"), source=v, bytes=self.bytes_of(v),
+                                     source_bytes=self.bytes_of(v), deps=frozenset(), node=node))
 
     def compute_of(self, op, node: Node) -> Compute:
         operands = [o for o in op.operands if _ranked(o) is not None]
