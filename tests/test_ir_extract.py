@@ -136,3 +136,21 @@ def test_the_other_functions_of_an_extract_are_declarations():
         assert tagged == sorted(uids)
         assert {name for name, has_body in funcs.items() if has_body} == {kept}
         assert {"dense", "model"} <= set(funcs)  # calls to the other function still resolve
+
+
+def test_ops_nested_in_loops_are_not_extracted_and_the_reason_says_so():
+    a = analyze("""
+func.func @f(%x: tensor<64x64xf32>) -> tensor<64x64xf32> {
+  %c0 = arith.constant 0 : index
+  %c64 = arith.constant 64 : index
+  %c8 = arith.constant 8 : index
+  %r = scf.for %i = %c0 to %c64 step %c8 iter_args(%acc = %x) -> (tensor<64x64xf32>) {
+    %s = tensor.extract_slice %acc[%i, 0] [8, 64] [1, 1] : tensor<64x64xf32> to tensor<8x64xf32>
+    %e = linalg.map {math.exp} ins(%s : tensor<8x64xf32>) outs(%s : tensor<8x64xf32>)
+    %u = tensor.insert_slice %e into %acc[%i, 0] [8, 64] [1, 1] : tensor<8x64xf32> into tensor<64x64xf32>
+    scf.yield %u : tensor<64x64xf32>
+  }
+  return %r : tensor<64x64xf32>
+}""")
+    with pytest.raises(NotExtractable, match="nested in loops or other regions"):
+        extract_ops(a.tagged, {0})

@@ -373,3 +373,29 @@ func.func @concat_mm(%x: tensor<256x512xf32>, %w1: tensor<512x384xf32>, %w2: ten
     # least bad (only the concat breaks the limit), not the fastest of the infeasible ones.
     assert not r.feasible
     assert [n["uids"] for n in r.predicted["nests"] if n["reasons"]] == [[4]]
+
+
+def test_groups_the_budget_never_reaches_are_named_once(host):
+    r = tune(source("softmax"), host, budget=3, strategy="random", seed=0, workers=1)
+    assert any("groups were not searched (the budget ran out first)" in w for w in r.warnings), r.warnings
+    assert not any("none of its candidates could be applied" in w for w in r.warnings)
+
+
+def test_an_infeasible_answer_carries_its_reasons_in_the_cli_summary():
+    npu = get_profile("npu-sram-256k")
+    src = ("func.func @f(%a: tensor<256x384xf32>, %b: tensor<256x640xf32>) -> tensor<256x1024xf32> {\n"
+           "  %c = tensor.concat dim(1) %a, %b : (tensor<256x384xf32>, tensor<256x640xf32>) -> tensor<256x1024xf32>\n"
+           "  return %c : tensor<256x1024xf32>\n}")
+    summary = tune(src, npu, budget=10, strategy="random", seed=0, workers=1).summary()
+    assert summary["predicted"]["feasible"] is False
+    assert any("SRAM overflow" in r and "tensor.concat" in r for r in summary["predicted"]["reasons"])
+
+
+def test_an_op_with_a_zero_sized_dim_fits_any_memory():
+    src = """
+func.func @zero(%x: tensor<0x512xf32>, %w: tensor<512x256xf32>, %acc: tensor<0x256xf32>) -> tensor<0x256xf32> {
+  %m = linalg.matmul ins(%x, %w : tensor<0x512xf32>, tensor<512x256xf32>) outs(%acc : tensor<0x256xf32>) -> tensor<0x256xf32>
+  return %m : tensor<0x256xf32>
+}"""
+    r = tune(src, get_profile("npu-sram-256k"), budget=10, strategy="random", seed=0, workers=1)
+    assert r.feasible and not any("cannot tile it on its own" in w for w in r.warnings)

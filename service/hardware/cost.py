@@ -773,7 +773,10 @@ def estimate_cost(
                 an.build_body(root, [op])
                 for r in op.results:  # the nest's results live in main memory, outside the nest
                     an.value_node.pop(r, None)
-                if _is_tileable(op):  # a standalone op reads whole operands
+                empty = _is_tileable(op) and any(c.points == 0 for c in root.computes)
+                if empty:
+                    pass  # a zero-sized iteration space reads and writes nothing
+                elif _is_tileable(op):  # a standalone op reads whole operands
                     for o in op.operands:
                         if _ranked(o) is not None:
                             r = an.resolve(o)

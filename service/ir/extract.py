@@ -37,6 +37,8 @@ def _function_of(module: ir.OpView, uids: set[int]):
             found.append(op)
         if uids - set(top) and any(u in uids for u in top):
             raise NotExtractable("some of the ops are nested in regions, not in the function body")
+    if not found:
+        raise NotExtractable("the ops are nested in loops or other regions, not in a function body")
     if len(found) != 1:
         raise NotExtractable(f"the ops live in {len(found)} functions, not one")
     return found[0]

@@ -13,6 +13,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import time
 from collections import Counter, OrderedDict
 from dataclasses import dataclass
@@ -28,7 +29,7 @@ from service.ir.transform import check_plan
 
 from .candidate import Candidate, Evaluation
 from .shapes import ShapeHintError, bucket_hints, check_shapes, parse_buckets, parse_shape_hints
-from .space import DEFAULT_DYNAMIC_EXTENT, SPACE_VERSION, GroupSpec, build_space, complete_plan, standalone_group
+from .space import DEFAULT_DYNAMIC_EXTENT, SPACE_VERSION, GroupSpec, build_space, complete_plan
 from .strategies import STRATEGIES, SuperTilingStrategy, make_strategy, supertiling_plan
 
 log = logging.getLogger(__name__)
@@ -211,7 +212,8 @@ class TuneResult(BaseModel):
         """The CLI's --json shape."""
         return {
             "plan": self.plan,
-            "predicted": {"latency_s": self.predicted.get("latency_s"), "feasible": self.feasible, "bound_by": self.predicted.get("bound_by")},
+            "predicted": {"latency_s": self.predicted.get("latency_s"), "feasible": self.feasible, "bound_by": self.predicted.get("bound_by"),
+                          **({"reasons": self.predicted.get("reasons", [])} if not self.feasible else {})},
             "baseline": {"latency_s": (self.baseline or {}).get("latency_s"), "feasible": (self.baseline or {}).get("feasible")},
             "evaluations": self.evaluations,
             "evaluations_per_s": self.evaluations_per_s,
@@ -527,43 +529,59 @@ def _search(
             if not isinstance(spec.to_group(start), str):
                 context[spec.name] = start
 
-        def settle_standalone() -> None:
-            """Apply each standalone tiling (an op no group tiles that does not fit memory) once
-            on its own, forall then for; every plan carries them, so one MLIR cannot apply would
-            reject every candidate. An op neither applies to stays whole."""
-            tried: dict[int, list[Group]] = {}
-            # Anchors too: a group a plan leaves untiled (its tiling does not apply) gets its
-            # anchor's standalone tiling.
-            for uid in graph.topological_order():
-                g = standalone_group(graph, uid, space.shapes, hardware)
-                if g is not None and not graph.op(uid).fuse_groups:
-                    serial = g.model_copy(update={"levels": [lv.model_copy(update={"loop": "for"}) for lv in g.levels]})
-                    tried[uid] = [g, serial]
-            for attempt in range(2):
-                pending = [u for u, gs in tried.items() if u not in space.standalone]
-                if not pending:
-                    break
-                evs = evaluator.evaluate([(Candidate(params={}, source="standalone"), Plan(groups=[tried[u][attempt]])) for u in pending])
-                record(evs)
-                for u, ev in zip(pending, evs):
-                    if ev.stage == "cost":
-                        space.standalone[u] = tried[u][attempt]
-                    elif attempt == 1:
-                        space.standalone[u] = None
-                        warnings.append(f"op {u} ({graph.op(u).name}) does not fit memory but MLIR cannot tile it on its own "
-                                        f"({ev.reason}); it stays whole")
+        def settle_standalone(failed: Group, reason: str | None) -> bool:
+            """A standalone tiling (an op no group tiles that does not fit memory; every plan
+            carries it) that MLIR could not apply: try it with scf.for, then leave the op
+            whole (tensor.concat along its concat dim). False if `failed` is not one."""
+            uid = failed.anchor
+            if failed.fuse or uid in space.standalone and space.standalone[uid] is None:
+                return False
+            if uid not in space.standalone and failed.levels[0].loop == "forall":
+                levels = [lv.model_copy(update={"loop": "for"}) for lv in failed.levels]
+                space.standalone[uid] = failed.model_copy(update={"levels": levels})
+            else:
+                space.standalone[uid] = None
+                warnings.append(f"op {uid} ({graph.op(uid).name}) does not fit memory but MLIR cannot tile it "
+                                f"on its own ({reason}); it stays whole")
+            return True
 
         def applicable_context(start: dict[str, dict]) -> dict[str, dict]:
-            """The starting groups, in order, that apply together; a group whose starting tiling
-            MLIR cannot apply (e.g. producer fusion across a collapse_shape) starts untiled, or
-            every candidate of every other group would carry its failure."""
-            kept: dict[str, dict] = {}
+            """The starting groups that apply together; a group whose starting tiling MLIR
+            cannot apply (e.g. producer fusion across a collapse_shape) starts untiled, or every
+            candidate of every other group would carry its failure. The failing group is read
+            off the failure (one evaluation per failing group); when the failure names none,
+            groups are added one at a time."""
+            kept = dict(start)
+            while kept:
+                plan = plan_of(kept)
+                if isinstance(plan, str):
+                    break
+                (ev,) = evaluator.evaluate([(Candidate(params={}, source="default"), plan)])
+                record([ev])
+                if ev.stage == "cost":
+                    return kept
+                named = re.match(r"group (\d+): ", ev.reason or "")
+                if named and int(named[1]) < len(plan.groups):
+                    failed = plan.groups[int(named[1])]
+                else:  # MLIR located the failure in the payload only: suspect a standalone tiling
+                    unsettled = [g for g in plan.groups if f"g{g.anchor}" not in kept and not g.fuse
+                                 and space.standalone.get(g.anchor, g) is not None]
+                    if not unsettled:
+                        break
+                    failed = unsettled[0]
+                name = f"g{failed.anchor}"
+                if name in kept:
+                    del kept[name]
+                    warnings.append(f"group {name} starts untiled: its starting tiling does not apply ({ev.reason})")
+                elif not settle_standalone(failed, ev.reason):
+                    break
+            kept = {}
             for name, params in start.items():
                 (ev,) = evaluator.evaluate([(Candidate(params=params, source="default"), plan_of({**kept, name: params}))])
                 record([ev])
                 if ev.stage == "cost":
                     kept[name] = params
-                else:
+                elif not any(w.startswith(f"group {name} starts untiled") for w in warnings):
                     warnings.append(f"group {name} starts untiled: its starting tiling does not apply ({ev.reason})")
             return kept
 
@@ -583,8 +601,6 @@ def _search(
                     return str(err)
             return plan
 
-        if strategy != "supertiling":
-            settle_standalone()
         if space.groups and context and strategy != "supertiling":
             (start_ev,) = evaluator.evaluate([(Candidate(params={}, source="default"), plan_of(context))])
             record([start_ev])
@@ -593,6 +609,7 @@ def _search(
 
 
         complete = True
+        unsearched: list[str] = []  # groups the budget or the time limit never reached
         if strategy != "supertiling" and space.groups:
             n_groups = len(space.groups)
             for gi, spec in enumerate(space.groups):
@@ -670,13 +687,21 @@ def _search(
                     pending = launched
                     if pending is None:
                         break
-                if group_best is None:
-                    rejected = Counter(t.reason for t in trials[group_start:] if t.stage != "cost" and t.reason)
+                tried = [t for t in trials[group_start:] if t.source == strategy]
+                if not tried:
+                    unsearched.append(spec.name)
+                elif group_best is None:
+                    rejected = Counter(t.reason for t in tried if t.stage != "cost" and t.reason)
                     why = f" (most often: {rejected.most_common(1)[0][0]})" if rejected else ""
                     warnings.append(f"group {spec.name}: none of its candidates could be applied{why}; it stays "
                                     + ("at its starting tiling" if spec.name in context else "untiled"))
                 elif spec.name not in context or group_best[0].feasible or not any(t.feasible for t in trials):
                     context[spec.name] = group_best[1]
+            if unsearched:
+                ran_out = "the time limit" if deadline and time.perf_counter() > deadline else "the budget"
+                warnings.append(f"{len(unsearched)} of {len(space.groups)} groups were not searched ({ran_out} ran out "
+                                f"first): {', '.join(unsearched[:8])}{' ...' if len(unsearched) > 8 else ''} stay at their "
+                                "starting tiling; raise --budget or --seconds")
             if deadline and time.perf_counter() > deadline and evaluator.evaluations < budget:
                 complete = False
             final = plan_of(context) if context else Plan()

@@ -488,9 +488,9 @@ def standalone_group(graph: OpGraph, uid: int, shapes: ShapeContext, hardware: H
     op = graph.op(uid)
     total = op_bytes(op, shapes)
     limit = available_memory(hardware)
-    if total <= limit:
-        return None
     ranges = shapes.loop_ranges(op)
+    if total <= limit or 0 in ranges:  # fits, or computes nothing
+        return None
     sizes = [r if t == "parallel" else 0 for r, t in zip(ranges, op.iterator_types)]
     par = op.parallel_dims
     if not par:
