@@ -191,3 +191,27 @@ def test_bytecode_input() -> None:
         a.module.operation.write_bytecode(buf)
     b = analyze(buf.getvalue())
     assert b.fingerprint == a.fingerprint
+
+
+def test_a_failed_script_reports_once_in_the_error_not_on_stderr(capfd):
+    """Fusing a producer with a semi-affine map (rotary embeddings' rotate-half) yields IR that
+    does not verify, and the interpreter also printed that, op dumps included, to stderr: up to
+    20 KB a plan in the CLI's output and the server log during a search."""
+    src = """
+func.func @rot(%x: tensor<128x64xf32>) -> tensor<128x64xf32> {
+  %e = tensor.empty() : tensor<128x64xf32>
+  %r = linalg.generic {indexing_maps = [affine_map<(d0, d1) -> (d0, d1)>, affine_map<(d0, d1) -> (d0, (d1 + 32) mod 64)>, affine_map<(d0, d1) -> (d0, d1)>], iterator_types = ["parallel", "parallel"]}
+      ins(%x, %x : tensor<128x64xf32>, tensor<128x64xf32>) outs(%e : tensor<128x64xf32>) {
+  ^bb0(%a: f32, %b: f32, %o: f32):
+    %s = arith.subf %a, %b : f32
+    linalg.yield %s : f32
+  } -> tensor<128x64xf32>
+  %y = linalg.map {math.exp} ins(%r : tensor<128x64xf32>) outs(%e : tensor<128x64xf32>)
+  return %y : tensor<128x64xf32>
+}"""
+    plan = Plan.model_validate({"groups": [{"anchor": 1, "fuse": [0], "levels": [
+        {"tile_sizes": [32, 64], "loop": "forall"}, {"tile_sizes": [0, 16], "loop": "for"}]}]})
+    with pytest.raises(PlanError, match="does not verify"):
+        with context():
+            apply_plan(analyze(src).tagged, plan)
+    assert capfd.readouterr().err == ""

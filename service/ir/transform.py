@@ -14,7 +14,9 @@ each copy sits in. The script is plain MLIR: `iree-opt --transform-interpreter` 
 from __future__ import annotations
 
 import functools
+import os
 import re
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from .errors import Diagnostic, PlanError
@@ -449,6 +451,22 @@ def _group_of(loc: ir.Location) -> int | None:
     return None
 
 
+@contextmanager
+def _stderr_silenced():
+    """The interpreter prints a failed script's diagnostics, op dumps included (up to 20 KB a
+    plan), to the process's stderr as well as raising them; they are read from the exception,
+    and a search tries thousands of plans, so the copy on fd 2 goes to /dev/null."""
+    saved = os.dup(2)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+
+
 def run_script(module: ir.Module | ir.OpView, script: str) -> None:
     """Apply a transform script to `module` in place (callers pass a clone).
 
@@ -483,7 +501,8 @@ def run_script(module: ir.Module | ir.OpView, script: str) -> None:
 
         handler = ctx.attach_diagnostic_handler(collect)
         try:
-            transform_interpreter.apply_named_sequence(module.operation, entry, parsed)
+            with _stderr_silenced():
+                transform_interpreter.apply_named_sequence(module.operation, entry, parsed)
         except ir.MLIRError as exc:
             diagnostics.extend(diagnostics_of(exc))
             raise ScriptFailed(diagnostics, groups) from None
