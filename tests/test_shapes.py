@@ -179,3 +179,12 @@ def test_api_takes_both_hint_forms_and_rejects_misfits_with_422(migrated_url, tm
         # Checked before a search is claimed: the misfits left no (failed) decision behind.
         decisions = client.get("/v1/tilings").json()["items"]
         assert [d["id"] for d in decisions] == [as_text.json()["id"]]
+
+
+def test_one_bucketed_dim_per_search():
+    from service.search.tasks import check_search_shapes
+
+    with pytest.raises(ShapeHintError, match="one bucketed dim per search"):
+        check_search_shapes(DYNAMIC_MATMUL, None, {"M": [1, 16], "arg0.0": [2, 4]})
+    with pytest.raises(ShapeHintError, match="one bucketed dim per search"):
+        tune(DYNAMIC_MATMUL, get_profile("host-cpu"), budget=4, workers=1, buckets=["M=1,16", "arg0.0=2,4"])

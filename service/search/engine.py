@@ -28,7 +28,7 @@ from service.ir.plan import Group, Plan
 from service.ir.transform import check_plan
 
 from .candidate import Candidate, Evaluation
-from .shapes import ShapeHintError, bucket_hints, check_shapes, parse_buckets, parse_shape_hints
+from .shapes import bucket_hints, check_shapes, parse_buckets, parse_shape_hints
 from .space import DEFAULT_DYNAMIC_EXTENT, SPACE_VERSION, GroupSpec, build_space, complete_plan
 from .strategies import STRATEGIES, SuperTilingStrategy, make_strategy, supertiling_plan
 
@@ -767,8 +767,6 @@ def tune(
     """
     hints = parse_shape_hints(shape_hints)
     bucket_map = parse_buckets(buckets)
-    if len(bucket_map) > 1:
-        raise ShapeHintError("one bucketed dim per search: pass a single --bucket NAME=v1,v2,...")
     # Checked before any search: a hint or bucket the module cannot use is the caller's mistake.
     analysis = analyze(source_text) if hints or bucket_map else None
     arguments = check_shapes(analysis.module, analysis.graph, hints, bucket_map) if analysis else []

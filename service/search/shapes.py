@@ -225,6 +225,8 @@ def check_shapes(module: ir.Module, graph: OpGraph, hints: dict[str, list[int]],
                  buckets: dict[str, list[int]]) -> list[Argument]:
     """Parsed hints and buckets against the module (ShapeHintError on the first misfit); returns
     the module's arguments, which bucket_hints takes."""
+    if len(buckets) > 1:
+        raise ShapeHintError("one bucketed dim per search: pass a single --bucket NAME=v1,v2,...")
     arguments = function_arguments(module)
     check_shape_hints(hints, arguments)
     check_buckets(buckets, graph, arguments)
