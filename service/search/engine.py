@@ -585,6 +585,23 @@ def _search(
                     warnings.append(f"group {name} starts untiled: its starting tiling does not apply ({ev.reason})")
             return kept
 
+        def budget_shares(start: dict[str, dict]) -> dict[str, float]:
+            """Each group's share of the search budget: half split evenly, half by its nests'
+            share of the starting plan's latency (in a model the matmuls dominate, a layernorm
+            group should not get as many evaluations as the FFN's)."""
+            even = {g.name: 1.0 / len(space.groups) for g in space.groups}
+            plan = plan_of(start) if start else None
+            if plan is None or isinstance(plan, str):
+                return even
+            (ev,) = evaluator.evaluate([(Candidate(params={}, source="context"), plan)])
+            if ev.stage != "cost" or not ev.cost:
+                return even
+            spent = {g.name: sum(n["latency_s"] for n in ev.cost["nests"] if set(g.ops) & set(n["uids"])) for g in space.groups}
+            total = sum(spent.values())
+            if total <= 0:
+                return even
+            return {name: 0.5 * even[name] + 0.5 * spent[name] / total for name in even}
+
         layouts: dict = {}  # check_plan's memo for this graph
 
         def plan_of(params_by_group: dict[str, dict]) -> Plan | str:
@@ -611,9 +628,10 @@ def _search(
         complete = True
         unsearched: list[str] = []  # groups the budget or the time limit never reached
         if strategy != "supertiling" and space.groups:
-            n_groups = len(space.groups)
+            shares = budget_shares(context)
             for gi, spec in enumerate(space.groups):
-                group_budget = (budget - evaluator.evaluations) // (n_groups - gi)
+                left = sum(shares[g.name] for g in space.groups[gi:])
+                group_budget = int((budget - evaluator.evaluations) * shares[spec.name] / left)
                 spent_at_start = evaluator.evaluations
                 strat = make_strategy(strategy, spec.knobs(), seed + gi, warm_by_group[spec.name], identity=spec.identity)
                 scope = None
