@@ -397,6 +397,20 @@ class Evaluator:
         return self.collect(self.submit(items))
 
 
+def _knob_shape(spec: GroupSpec, graph) -> tuple:
+    """Groups with the same anchor op and the same knobs (kinds and choices, in order) are
+    twins: the same layer repeated. Fuse knobs name op uids, so only their kind counts."""
+    kinds = tuple(k.name.split(".")[1] + ("" if k.name.split(".")[1] == "fuse" else k.name.rsplit(".", 1)[1])
+                  for k in spec.knobs())
+    return (graph.op(spec.anchor).name, kinds, tuple(tuple(k.choices) for k in spec.knobs()))
+
+
+def _translate(twin: tuple[GroupSpec, dict], spec: GroupSpec) -> dict:
+    """The twin's knob values under this group's knob names (same order)."""
+    other, params = twin
+    return {mine.name: params[theirs.name] for theirs, mine in zip(other.knobs(), spec.knobs()) if theirs.name in params}
+
+
 def _violations(ev: Evaluation) -> int:
     """Hardware limits an evaluation breaks (0 when feasible)."""
     if ev.feasible:
@@ -627,13 +641,18 @@ def _search(
 
         complete = True
         unsearched: list[str] = []  # groups the budget or the time limit never reached
+        # The best of each group searched so far, by the shape of its knobs: a repeated layer
+        # (encoder blocks) starts from its twin's best.
+        twins: dict[tuple, tuple[GroupSpec, dict]] = {}
         if strategy != "supertiling" and space.groups:
             shares = budget_shares(context)
             for gi, spec in enumerate(space.groups):
                 left = sum(shares[g.name] for g in space.groups[gi:])
                 group_budget = int((budget - evaluator.evaluations) * shares[spec.name] / left)
                 spent_at_start = evaluator.evaluations
-                strat = make_strategy(strategy, spec.knobs(), seed + gi, warm_by_group[spec.name], identity=spec.identity)
+                twin = twins.get(_knob_shape(spec, graph))
+                warm = warm_by_group[spec.name] + ([_translate(twin, spec)] if twin else [])
+                strat = make_strategy(strategy, spec.knobs(), seed + gi, warm, identity=spec.identity)
                 scope = None
                 if len(spec.ops) < len(graph.ops) and spec.name in context:
                     # The group alone on an extract of its ops: cheaper evaluations, same scores.
@@ -715,6 +734,8 @@ def _search(
                                     + ("at its starting tiling" if spec.name in context else "untiled"))
                 elif spec.name not in context or group_best[0].feasible or not any(t.feasible for t in trials):
                     context[spec.name] = group_best[1]
+                if spec.name in context:
+                    twins[_knob_shape(spec, graph)] = (spec, context[spec.name])
             if unsearched:
                 ran_out = "the time limit" if deadline and time.perf_counter() > deadline else "the budget"
                 warnings.append(f"{len(unsearched)} of {len(space.groups)} groups were not searched ({ran_out} ran out "
