@@ -444,3 +444,18 @@ def test_a_repeated_layer_starts_from_its_twins_best(host):
     tried_first = {g["anchor"]: g for g in twin_trials[0].plan["groups"]}[4]
     assert tried_first["levels"] == first["levels"]
     assert len(tried_first["fuse"]) == len(first["fuse"])
+
+
+def test_super_tiling_walks_a_chain_longer_than_the_recursion_limit(host):
+    """The baseline's post-order DFS recursed once per op: a 6000-op chain crashed `tune`."""
+    import sys
+
+    from service.search.strategies import _post_order
+
+    n = sys.getrecursionlimit() + 500
+    lines = [f"  %v{i + 1} = linalg.map {{ math.exp }} ins(%v{i} : tensor<64xf32>) outs(%e : tensor<64xf32>)" for i in range(n)]
+    src = ("func.func @chain(%v0: tensor<64xf32>) -> tensor<64xf32> {\n  %e = tensor.empty() : tensor<64xf32>\n"
+           + "\n".join(lines) + f"\n  return %v{n} : tensor<64xf32>\n}}")
+    graph = analyze(src).graph
+    assert _post_order(graph) == list(reversed(range(n)))  # every op after its consumers
+    supertiling_plan(graph, host, build_space(graph, host).shapes)

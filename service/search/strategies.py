@@ -255,12 +255,22 @@ def _post_order(graph: OpGraph) -> list[int]:
     order: list[int] = []
     visited: set[int] = set()
 
-    def visit(u: int) -> None:
-        visited.add(u)
-        for c in graph.op(u).consumers:
-            if c not in visited:
-                visit(c)
-        order.append(u)
+    def visit(root: int) -> None:
+        # Iterative (a chain of thousands of ops would exceed Python's recursion limit): each
+        # stack entry is an op and the index of the next consumer to descend into.
+        visited.add(root)
+        stack = [(root, 0)]
+        while stack:
+            u, i = stack.pop()
+            consumers = graph.op(u).consumers
+            while i < len(consumers) and consumers[i] in visited:
+                i += 1
+            if i < len(consumers):
+                stack.append((u, i + 1))
+                visited.add(consumers[i])
+                stack.append((consumers[i], 0))
+            else:
+                order.append(u)
 
     for u in graph.topological_order():
         if not graph.op(u).producers and u not in visited:
