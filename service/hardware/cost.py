@@ -325,15 +325,15 @@ class _Analyzer:
     def slice_sizes(self, op) -> list[int]:
         return self._static_or_int(op, "static_sizes", op.opview.sizes)
 
-    def _static_or_int(self, op, attr: str, dynamic_values, default: int = DEFAULT_DYNAMIC_EXTENT) -> list[int]:
+    def _static_or_int(self, op, attr: str, dynamic_values) -> list[int]:
         """An op's mixed static/dynamic list (sizes, pads), dynamic entries as static ints where
-        known, else `default`."""
+        known, else the default extent."""
         dynamic = list(dynamic_values)
         out = []
         for s in ir.DenseI64ArrayAttr(op.attributes[attr]):
             if s == DYNAMIC:
                 n = self.int_value(dynamic.pop(0))
-                out.append(n if n is not None else default)
+                out.append(n if n is not None else DEFAULT_DYNAMIC_EXTENT)
             else:
                 out.append(s)
         return out
@@ -466,8 +466,13 @@ class _Analyzer:
                 continue  # scalars; loop-carried tensors (their tiles are the loop's slices)
             if isinstance(v, ir.OpResult) and (v in self.value_node or _opname(v.owner) in _NO_DATA_OPS):
                 continue  # computed in this nest, or no data to read
-            node.slices.append(Slice(key=(self.value_key(v), "whole"), source=v, bytes=self.bytes_of(v),
-                                     source_bytes=self.bytes_of(v), deps=frozenset(), node=node))
+            node.slices.append(self.whole(v, node))
+
+    def whole(self, v: ir.Value, node: Node, is_write: bool = False) -> Slice:
+        """All of tensor `v`, read (or written) in `node`'s body."""
+        key = (self.value_key(v), "out") if is_write else (self.value_key(v), (), (), tuple(self.shape(v)))
+        return Slice(key=key, source=v, bytes=self.bytes_of(v), source_bytes=self.bytes_of(v), deps=frozenset(),
+                     node=node, is_write=is_write)
 
     def compute_of(self, op, node: Node) -> Compute:
         operands = [o for o in op.operands if _ranked(o) is not None]
@@ -773,19 +778,11 @@ def estimate_cost(
                 an.build_body(root, [op])
                 for r in op.results:  # the nest's results live in main memory, outside the nest
                     an.value_node.pop(r, None)
-                empty = _is_tileable(op) and any(c.points == 0 for c in root.computes)
-                if empty:
-                    pass  # a zero-sized iteration space reads and writes nothing
-                elif _is_tileable(op):  # a standalone op reads whole operands
-                    for o in op.operands:
-                        if _ranked(o) is not None:
-                            r = an.resolve(o)
-                            root.slices.append(Slice(key=(an.value_key(r), (), (), tuple(an.shape(r))), source=r, bytes=an.bytes_of(r), source_bytes=an.bytes_of(r), deps=frozenset(), node=root))
-                    for r in op.results:
-                        root.slices.append(Slice(key=(an.value_key(r), "out"), source=r, bytes=an.bytes_of(r), source_bytes=an.bytes_of(r), deps=frozenset(), node=root, is_write=True))
-                else:
-                    for r in op.results:  # the loop's results land in main memory
-                        root.slices.append(Slice(key=(an.value_key(r), "out"), source=r, bytes=an.bytes_of(r), source_bytes=an.bytes_of(r), deps=frozenset(), node=root, is_write=True))
+                # A zero-sized iteration space reads and writes nothing.
+                if not (_is_tileable(op) and any(c.points == 0 for c in root.computes)):
+                    if _is_tileable(op):  # a standalone op reads whole operands
+                        root.slices += [an.whole(an.resolve(o), root) for o in op.operands if _ranked(o) is not None]
+                    root.slices += [an.whole(r, root, is_write=True) for r in op.results]  # results land in main memory
                 # Inputs produced by an earlier nest went through main memory (un-fused).
                 for s in _outside_slices(root, an):
                     if not s[0].is_write and s[0].source in produced_by_nest:

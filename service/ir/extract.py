@@ -65,19 +65,26 @@ def extract_ops(tagged: ir.OpView, uids: set[int]) -> ir.OpView:
         return clone
 
 
-def _between(ops: list, position: dict, keep: set[int]) -> set[int]:
-    """Ops without a tile of their own (reshapes, ...) on a path from a kept op to a kept op."""
-    def sources(i: int) -> set[int]:
+def _inputs(ops: list, position: dict) -> list[set[int]]:
+    """For each top-level op, the top-level ops whose results it (or an op nested in it) reads."""
+    out = []
+    for i, op in enumerate(ops):
         found = set()
-        for inner in walk_ops(ops[i].operation):
+        for inner in walk_ops(op.operation):
             for v in inner.operands:
                 if isinstance(v, ir.OpResult):
                     j = position.get(holder_in(v.owner.operation, position))
                     if j is not None and j != i:
                         found.add(j)
-        return found
+        out.append(found)
+    return out
 
-    inputs = {i: sources(i) for i in range(len(ops))}
+
+def _reject_fusion_through_untileable_ops(ops: list, inputs: list[set[int]], keep: set[int]) -> None:
+    """A group fused through ops without a tile (transpose -> collapse_shape -> matmul) is tiled
+    with rewrite patterns (bubble_up_extract_slice) applied to whole functions: they rewrite the
+    other groups' nests too, so the rest of the module is not constant across the group's plans
+    (measured: 7% off on npu-sram-256k) and the extract would not score like the module."""
     after = set(keep)  # reached from a kept op (program order: producers come first)
     for i in range(len(ops)):
         if i not in after and inputs[i] & after:
@@ -86,15 +93,7 @@ def _between(ops: list, position: dict, keep: set[int]) -> set[int]:
     for i in reversed(range(len(ops))):
         if i in before:
             before |= inputs[i]
-    return {i for i in (after & before) - keep if uid_of(ops[i].operation) is None}
-
-
-def _reject_fusion_through_untileable_ops(ops: list, position: dict, keep: set[int]) -> None:
-    """A group fused through ops without a tile (transpose -> collapse_shape -> matmul) is tiled
-    with rewrite patterns (bubble_up_extract_slice) applied to whole functions: they rewrite the
-    other groups' nests too, so the rest of the module is not constant across the group's plans
-    (measured: 7% off on npu-sram-256k) and the extract would not score like the module."""
-    between = _between(ops, position, keep)
+    between = {i for i in (after & before) - keep if uid_of(ops[i].operation) is None}
     if between:
         names = sorted({ops[i].operation.name for i in between})
         raise NotExtractable(f"the group is fused through {', '.join(names)}, whose tiling rewrites the whole function")
@@ -108,18 +107,15 @@ def _cut(module: ir.OpView, uids: set[int]) -> None:
     keep = {i for i, op in enumerate(ops) if uid_of(op.operation) in uids}
     if {uid_of(ops[i].operation) for i in keep} != uids:
         raise NotExtractable("some of the ops are not in the function body")
-    _reject_fusion_through_untileable_ops(ops, position, keep)
+    inputs = _inputs(ops, position)
+    _reject_fusion_through_untileable_ops(ops, inputs, keep)
     # Free producers of the kept ops, operands of nested ops (captured constants) included.
     stack = sorted(keep)
     while stack:
-        i = stack.pop()
-        for inner in walk_ops(ops[i].operation):
-            for v in inner.operands:
-                if isinstance(v, ir.OpResult):
-                    j = position.get(holder_in(v.owner.operation, position))
-                    if j is not None and j not in keep and ops[j].operation.name in _FREE_OPS and not list(ops[j].operands):
-                        keep.add(j)
-                        stack.append(j)
+        for j in inputs[stack.pop()]:
+            if j not in keep and ops[j].operation.name in _FREE_OPS and not list(ops[j].operands):
+                keep.add(j)
+                stack.append(j)
     ret = ops[-1]
     if ret.operation.name != "func.return":
         raise NotExtractable("the function does not end in func.return")
