@@ -41,8 +41,9 @@ def test_same_seed_same_search(host):
 
 def test_process_pool_does_not_change_the_search(host):
     # Results are told in suggestion order, so the pool's completion order does not matter.
-    pooled = tune(source("matmul_1024"), host, budget=24, strategy="tpe", seed=1, workers=2)
-    serial = tune(source("matmul_1024"), host, budget=24, strategy="tpe", seed=1, workers=1)
+    # 96: past the first 64 proposals, where rounds grow from 8 to 16 candidates.
+    pooled = tune(source("matmul_1024"), host, budget=96, strategy="tpe", seed=1, workers=2)
+    serial = tune(source("matmul_1024"), host, budget=96, strategy="tpe", seed=1, workers=1)
     assert [t.plan_hash for t in pooled.trials] == [t.plan_hash for t in serial.trials]
     assert pooled.plan == serial.plan and pooled.evaluations == serial.evaluations
 
@@ -459,3 +460,29 @@ def test_super_tiling_walks_a_chain_longer_than_the_recursion_limit(host):
     graph = analyze(src).graph
     assert _post_order(graph) == list(reversed(range(n)))  # every op after its consumers
     supertiling_plan(graph, host, build_space(graph, host).shapes)
+
+
+def test_tpe_reusing_its_estimators_within_a_batch_samples_as_optuna_does():
+    # The engine asks a whole batch before telling any of it; the estimators are built once per
+    # batch instead of once per ask, and must give exactly Optuna's own TPE samples.
+    import optuna
+
+    from service.search.strategies import _KnownSpaceTPESampler
+
+    space = {f"k{i}": optuna.distributions.CategoricalDistribution([0, 8, 16, 32, 64, 128]) for i in range(5)}
+    options = dict(seed=3, multivariate=True, n_startup_trials=10, n_ei_candidates=8, constant_liar=False)
+    studies = [optuna.create_study(sampler=_KnownSpaceTPESampler(space, **options)),
+               optuna.create_study(sampler=optuna.samplers.TPESampler(**options))]
+    asked: list[list[dict]] = [[], []]
+    for _ in range(8):
+        for study, log in zip(studies, asked):
+            trials = [study.ask(space) for _ in range(8)]
+            for t in trials:
+                t.set_constraint("infeasible", float(t.params["k0"] > 64))
+                study.tell(t, sum(abs(v - 16 * i) for i, v in enumerate(t.params.values())))
+                log.append(t.params)
+    assert asked[0] == asked[1]
+    assert not studies[0].sampler._constant_liar
+    assert len({tuple(p.values()) for p in asked[0][10:]}) > 20  # it did sample, not repeat one point
+    with pytest.raises(ValueError, match="constant liar"):
+        _KnownSpaceTPESampler(space, constant_liar=True)

@@ -36,8 +36,17 @@ log = logging.getLogger(__name__)
 
 ProgressFn = Callable[[int, int, float | None], None]  # (evaluations, budget, best latency)
 _TASK_TIMEOUT_S = 60.0
-_PLANS_PER_TASK = 4
-_BATCH = 8  # candidates per strategy round, fixed so results do not depend on the worker count
+_PLANS_PER_TASK = 2
+# Candidates per strategy round: a function of how many the group's search has proposed, never
+# of the worker count, so a seed fixes the results. Small rounds while TPE is learning the
+# space (it hears back after each round), then larger ones that keep both cores busy while the
+# strategy proposes (mlp_chain, TPE, budget 200: 16 a round after the first 64 proposals raises
+# evaluations/s by ~15%, and best-at-50 is as good as with 8 throughout; README).
+_BATCH_SMALL, _BATCH_LARGE, _BATCH_GROWS_AFTER = 8, 16, 64
+
+
+def _batch_size(proposed: int) -> int:
+    return _BATCH_SMALL if proposed < _BATCH_GROWS_AFTER else _BATCH_LARGE
 _CONVERGED_AFTER = 200  # suggestions in a row without a new plan: the strategy has converged
 # Workers yield to the strategy process (measured on 2 cores, mlp_chain TPE: ~160 evals/s at
 # niceness 0, ~200 at 15). They are the search's own helpers and die with it; under outside
@@ -699,6 +708,7 @@ def _search(
                 # One batch in flight while the strategy proposes the next (Optuna's ask is not
                 # free); the ask/tell order is fixed, so the worker count does not change it.
                 pending = None
+                proposed = 0
                 while True:
                     launched = None
                     room = group_budget - (evaluator.evaluations - spent_at_start)
@@ -706,12 +716,13 @@ def _search(
                         complete = False
                     elif not exhausted and room > 0 and (idle < _CONVERGED_AFTER or strategy == "exhaustive"):
                         cands = []
-                        for _ in range(min(_BATCH, room)):
+                        for _ in range(min(_batch_size(proposed), room)):
                             c = strat.suggest()
                             if c is None:
                                 exhausted = True
                                 break
                             cands.append(c)
+                        proposed += len(cands)
                         if cands:
                             items = [(c, plan_of({**context, spec.name: c.params})) for c in cands]
                             before = evaluator.evaluations

@@ -23,6 +23,7 @@ from collections import deque
 from typing import Any, Callable, Hashable, Protocol
 
 import optuna
+from optuna.samplers._tpe import sampler as _tpe_sampler
 
 from service.hardware.model import HardwareModel
 from service.ir.errors import PlanError
@@ -43,6 +44,7 @@ _TPE_EI_CANDIDATES = 8
 # Redraws (random) or neighbours (tpe) tried for a plan not proposed before.
 _NOVELTY_TRIES = 64
 Identity = Callable[[dict[str, Any]], Hashable]
+_FINISHED = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
 
 optuna.logging.set_verbosity(logging.WARNING)
 
@@ -84,16 +86,46 @@ class _Proposed:
 
 
 class _KnownSpaceTPESampler(optuna.samplers.TPESampler):
-    """TPE over a search space known up front. Every trial draws every knob, so the space
-    TPE would infer on each ask (intersecting all past trials' spaces, a deep copy each
-    time) is always this one."""
+    """TPE over a search space known up front, its Parzen estimators built once per batch.
+
+    Every trial draws every knob, so the space TPE would infer on each ask (intersecting all
+    past trials' spaces, a deep copy each time) is always this one.
+
+    Without the constant liar, TPE's two estimators depend only on the finished trials, and
+    the engine asks a whole batch before telling any of it: building them again for every ask
+    of the batch (splitting and converting every past trial: three quarters of an ask) gives
+    the same estimators. They are kept while the count of finished trials stays the same, so
+    the samples are exactly those of Optuna's own `_sample` (tests/test_search.py checks it).
+    Overrides Optuna's private `_sample`, hence the exact Optuna pin in pyproject.toml."""
 
     def __init__(self, distributions: dict[str, optuna.distributions.BaseDistribution], **kwargs: Any) -> None:
+        if kwargs.setdefault("constant_liar", False):  # Optuna 5 turns it on by default
+            raise ValueError("the estimators are reused across asks only without the constant liar")
         super().__init__(**kwargs)
         self._distributions = distributions
+        self._estimators: tuple[int, tuple, Any, Any] | None = None
 
     def infer_relative_search_space(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> dict:
         return dict(self._distributions)
+
+    def _sample(self, study: optuna.Study, trial: optuna.trial.FrozenTrial,
+                search_space: dict[str, optuna.distributions.BaseDistribution]) -> dict[str, Any]:
+        finished = study._get_trials(deepcopy=False, states=_FINISHED, use_cache=True)
+        key = (len(finished), tuple(search_space))
+        if self._estimators is None or self._estimators[:2] != key:
+            if self._gamma is None:  # as in Optuna's _sample
+                self._gamma = _tpe_sampler.default_gamma
+            below, above = _tpe_sampler._split_trials(study, finished, self._gamma(len(finished)))
+            self._estimators = (
+                *key,
+                self._build_parzen_estimator(study, search_space, below, handle_below=True),
+                self._build_parzen_estimator(study, search_space, above, handle_below=False),
+            )
+        *_, mpe_below, mpe_above = self._estimators
+        samples_below = mpe_below.sample(self._rng.rng, self._n_ei_candidates)
+        acq_func_vals = self._compute_acquisition_func(samples_below, mpe_below, mpe_above)
+        ret = optuna.samplers.TPESampler._compare(samples_below, acq_func_vals)
+        return {name: dist.to_external_repr(ret[name]) for name, dist in search_space.items()}
 
 
 class OptunaStrategy:
@@ -118,7 +150,7 @@ class OptunaStrategy:
             self.study = optuna.create_study(directions=["minimize", "minimize"], sampler=sampler)
         else:
             sampler = _KnownSpaceTPESampler(
-                self.distributions, seed=seed, multivariate=True, constant_liar=True, n_startup_trials=10,
+                self.distributions, seed=seed, multivariate=True, n_startup_trials=10,
                 n_ei_candidates=_TPE_EI_CANDIDATES,
             )
             self.study = optuna.create_study(direction="minimize", sampler=sampler)
