@@ -95,9 +95,9 @@ def test_fit_improves_a_held_out_workload(workloads):
 
 
 def test_fit_recovers_the_register_tile_terms_of_another_microarchitecture(workloads):
-    """Ground truth: a CPU whose lowering runs register tiles past 8 rows slower (as Zen 4 does,
-    where the nominal profile says 16), with non-nominal factors. fit_profile must find the
-    row limit, which the continuous factors alone cannot mimic."""
+    """Ground truth: a CPU whose lowering runs register tiles past 8 rows slower (where the
+    nominal profile says 16), with non-nominal factors. fit_profile must find the row limit,
+    which the continuous factors alone cannot mimic."""
     found, _ = workloads
     chosen = [found[n] for n in ("matmul_1024", "mlp_chain")]
     predictor = Predictor(chosen)

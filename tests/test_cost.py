@@ -268,23 +268,39 @@ def test_innermost_loop_overhead_share() -> None:
     assert paid.latency_s > hidden.latency_s
 
 
-def test_tall_register_tiles_are_slower() -> None:
-    """Measured with IREE here: at the same distribution tile and reduction tile 1, a 32x16
-    register tile ran 1.7x slower than 16x16 (register_tile_rows: 16 on Intel, 8 on AMD Zen 4)."""
-    hw = _avx512_host()
-    with context():
-        tagged = tag_tileable_ops(parse_module((WORKLOADS / "fuse_group.mlir").read_text()))
+_MATMUL_K = """func.func @mm(%a: tensor<512xKxf32>, %b: tensor<Kx1024xf32>) -> tensor<512x1024xf32> {
+  %zero = arith.constant 0.0 : f32
+  %init = tensor.empty() : tensor<512x1024xf32>
+  %acc = linalg.fill ins(%zero : f32) outs(%init : tensor<512x1024xf32>) -> tensor<512x1024xf32>
+  %mm = linalg.matmul ins(%a, %b : tensor<512xKxf32>, tensor<Kx1024xf32>) outs(%acc : tensor<512x1024xf32>) -> tensor<512x1024xf32>
+  return %mm : tensor<512x1024xf32>
+}"""
 
-    def latency(vec: list[int], model=hw) -> float:
-        plan = Plan.model_validate({"groups": [{"anchor": 1, "fuse": [0, 2], "levels": [
-            {"tile_sizes": [32, 0, 0], "loop": "forall"},
-            {"tile_sizes": vec + [0], "loop": "for"},
-            {"tile_sizes": [0, 0, 1], "loop": "for"}]}]})
-        return estimate_cost(apply_plan(tagged, plan).module, model).latency_s
 
-    assert latency([32, 16]) > 1.4 * latency([16, 16])
-    unlimited = hw.model_copy(update={"compute": hw.compute.model_copy(update={"register_tile_rows": None})})
-    assert latency([32, 16], unlimited) < latency([32, 16])
+def test_register_tile_rows_that_share_an_l1_set_are_slower() -> None:
+    """Measured with IREE on AMD Zen 4 (L1d 32 KiB, 8 ways, 64 B lines: rows 4 KiB apart share a
+    set), 512xKx1024 matmul, [128, 128] / vec / [4], CPU ms per 1024 of K:
+    K=1024: 16x16 21.2-22.6, 8x32 11.5-11.8, 32x16 54.8-56.2; K=1040: all three 10.4-12.3;
+    K=512: 16x16 and 8x32 10.5-13.8, 32x16 26.6-28.1. Rows, not register pressure."""
+    hw = _avx512_host().model_copy(update={"memory_levels": [
+        *get_profile("host-cpu").memory_levels[:-1],
+        get_profile("host-cpu").memory_levels[-1].model_copy(update={"capacity_bytes": 32 * 1024, "associativity": 8, "line_bytes": 64}),
+    ]})
+
+    def per_k(k: int, vec: list[int], model=hw) -> float:
+        with context():
+            tagged = tag_tileable_ops(parse_module(_MATMUL_K.replace("K", str(k))))
+            return estimate_cost(apply_plan(tagged, _matmul_plan([128, 128], vec, 4)).module, model).latency_s * 1024 / k
+
+    assert per_k(1024, [16, 16]) > 1.7 * per_k(1024, [8, 32])
+    assert per_k(1024, [32, 16]) > 1.7 * per_k(1024, [16, 16])
+    assert per_k(1040, [16, 16]) < 1.2 * per_k(1040, [8, 32])
+    assert per_k(1040, [32, 16]) < 1.5 * per_k(1040, [8, 32])
+    assert per_k(512, [16, 16]) < 1.2 * per_k(512, [8, 32])
+    assert per_k(512, [32, 16]) > 1.7 * per_k(512, [16, 16])
+    # Without the cache's associativity there is nothing to conflict on.
+    unknown = hw.model_copy(update={"memory_levels": [*hw.memory_levels[:-1], hw.memory_levels[-1].model_copy(update={"associativity": None})]})
+    assert per_k(1024, [16, 16], unknown) < 1.2 * per_k(1024, [8, 32], unknown)
 
 
 def test_a_defaulted_dynamic_dim_is_a_note_not_a_log_line_per_estimate(caplog) -> None:

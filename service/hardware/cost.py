@@ -18,8 +18,10 @@ linalg ops computed there and the nested loops.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
+from collections import Counter
 from dataclasses import dataclass, field
 from itertools import count
 
@@ -165,6 +167,9 @@ class Compute:
     # Bytes of the accumulator (init operand + result) when it is carried by the enclosing
     # scf.for (iter_args, the reduction loop of a tiled contraction); 0 otherwise.
     carried_acc_bytes: int = 0
+    # Rows of the register tile in the operand broadcast along the innermost parallel dim (A of
+    # a matmul): (tile extent, byte stride in its whole tensor) per row dim; () if none.
+    lhs_rows: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass
@@ -497,7 +502,41 @@ class _Analyzer:
         out_dims = {e.position for e in maps[-1].results if isinstance(e, ir.AffineDimExpr)} if maps else set()
         reduction = [ranges[d] for d in range(n_dims) if d not in out_dims]
         parallel = [ranges[d] for d in range(n_dims) if d in out_dims]
-        return self._compute(op, node, operands, shapes, ranges, reduction, parallel, operands[-1] if operands else None)
+        c = self._compute(op, node, operands, shapes, ranges, reduction, parallel, operands[-1] if operands else None)
+        if reduction and out_dims:
+            c.lhs_rows = self._lhs_rows(operands, tensor_maps, ranges, out_dims, len(op.results))
+        return c
+
+    def _lhs_rows(self, operands, tensor_maps, ranges, out_dims: set[int], n_results: int) -> tuple[tuple[int, int], ...]:
+        """(extent, byte stride) of each register-tile row dim in the broadcast input: the first
+        input indexed by a reduction dim and a row dim (a parallel dim other than the innermost)
+        but not the innermost parallel dim. Strides are those of the whole tensor the tile is cut
+        from (row-major), which is where the rows sit in memory."""
+        n_dim = max(out_dims)
+        inputs = list(zip(operands, tensor_maps))[: max(0, len(operands) - n_results)]
+        for v, m in inputs:
+            dims = [e.position if isinstance(e, ir.AffineDimExpr) else None for e in m.results]
+            if n_dim in dims or not any(d is not None and d not in out_dims for d in dims):
+                continue
+            shape = self.shape(self.root_tensor(v))
+            t = _ranked(v)
+            if t is None or len(shape) != len(dims):
+                continue
+            rows = tuple(
+                (ranges[d], math.prod(shape[p + 1:]) * _element_bytes(t))
+                for p, d in enumerate(dims) if d is not None and d in out_dims and ranges[d] > 1
+            )
+            if rows:
+                return rows
+        return ()
+
+    def root_tensor(self, v: ir.Value) -> ir.Value:
+        """The whole tensor a tile is cut from: through extract_slices and loop-carried args."""
+        while True:
+            r = _through_slices(self.resolve(v))
+            if r == v:
+                return v
+            v = r
 
     def _carried_acc_bytes(self, op, node: Node) -> int:
         """Accumulator bytes of a reducing op whose inits are iter_args of its own scf.for."""
@@ -951,14 +990,14 @@ def _microkernel_efficiency(c: Compute, level: int, hw: HardwareModel) -> float:
 
     For a contraction tiled down to its vector tile (all three plan levels), per reduction
     step the tile [.., m, n] needs m*ceil(n/lanes) accumulator registers, ceil(n/lanes) for the
-    row of B and one broadcast of A, plus m for the rows of A when the reduction tile is > 1
-    (each row is loaded as a vector and stays live while its elements are broadcast; measured:
-    32-row tiles with reduction tile 2-4 ran 4-6x slower than the model without this); it
-    issues acc FMAs and m + ceil(n/lanes) loads.
+    row of B and one broadcast of A; it issues acc FMAs and m + ceil(n/lanes) loads.
     - spills: more registers than the file holds -> accumulators go through L1 each step;
     - pipeline: fewer independent accumulators than latency x ports leaves FMA units idle;
     - loads: more loads than FMAs per step makes the tile load-bound (as many ports of each);
-    - rows: tiles taller than the hardware's register_tile_rows run proportionally slower.
+    - rows: tiles taller than the hardware's register_tile_rows run proportionally slower;
+    - set conflicts: rows of A that share an L1 set past its ways miss every step.
+    (32-row tiles once measured 4-6x slower than this model without a register charge for the
+    rows of A; the set-conflict term explains it: at K = 1040 the same tiles ran at full speed.)
     """
     regs = hw.compute.vector_registers
     if regs is None or level < 3 or not c.reduction_tile or len(c.parallel_tile) < 1:
@@ -968,16 +1007,40 @@ def _microkernel_efficiency(c: Compute, level: int, hw: HardwareModel) -> float:
     if m == 0 or n_vecs == 0:  # an empty tile: nothing to compute
         return 1.0
     acc = m * n_vecs
-    # With a reduction tile > 1 each row of A arrives as a vector and stays live while its
-    # elements are broadcast; a reduction tile of 1 broadcasts A straight from memory.
-    a_rows = m if math.prod(c.reduction_tile) > 1 else 0
-    needed = acc + n_vecs + 1 + a_rows
+    needed = acc + n_vecs + 1
     spill = min(1.0, regs / needed)
     pipeline = min(1.0, acc / hw.compute.fma_pipeline_depth)
     loads = min(1.0, acc / (m + n_vecs))
     rows = hw.compute.register_tile_rows
     tall = min(1.0, rows / m) if rows else 1.0
-    return spill * pipeline * loads * tall
+    return spill * pipeline * loads * tall * _set_conflict_efficiency(c, hw)
+
+
+def _set_conflict_efficiency(c: Compute, hw: HardwareModel) -> float:
+    """Fraction of speed left when the register tile's rows of A evict each other in L1.
+
+    Each reduction step reads one element from every row of A. Rows a power-of-two pitch apart
+    map to the same few sets of a set-associative L1; with more rows per set than ways, every
+    step misses. Measured (AMD Zen 4, L1d 32 KiB / 8 ways / 64 B lines, 512x1024 matmul): at
+    K = 1024 (rows 4 KiB apart, all in one set) 16x16 tiles ran 2.0x and 32x16 5x slower than
+    8x32; at K = 1040 all ran alike; at K = 512 (two sets) 16x16 alike, 32x16 2.5x slower.
+    The model: ways / (most rows in one set), from the innermost level's associativity."""
+    l1 = hw.memory_levels[-1]
+    if not c.lhs_rows or l1.associativity is None or l1.line_bytes is None:
+        return 1.0
+    sets = max(1, l1.capacity_bytes // (l1.associativity * l1.line_bytes))
+    return min(1.0, l1.associativity / _rows_per_set(c.lhs_rows, l1.line_bytes, sets))
+
+
+@functools.lru_cache(maxsize=4096)
+def _rows_per_set(rows: tuple[tuple[int, int], ...], line_bytes: int, sets: int) -> int:
+    """Most rows (extent, stride per row dim) whose first line falls in one cache set."""
+    offsets = [0]
+    for extent, stride in rows:
+        offsets = [o + i * stride for o in offsets for i in range(extent)]
+        if len(offsets) > 4096:  # not a register tile: no vector tile is this tall
+            return 1
+    return max(Counter((o // line_bytes) % sets for o in offsets).values())
 
 
 def _vectors_per_row(c: Compute, hw: HardwareModel) -> int:

@@ -29,6 +29,10 @@ class MemoryLevel(BaseModel):
         description="Software-managed memory (SRAM, GPU shared memory): a tile that does not fit is "
         "infeasible. A cache that overflows only costs traffic.",
     )
+    # Set-associative caches (CPU L1): rows of a register tile a power-of-two pitch apart fall
+    # into the same few sets, and past `associativity` rows per set they evict each other.
+    associativity: int | None = Field(default=None, ge=1, description="Ways per set of a cache (None: unknown; no set-conflict term).")
+    line_bytes: int | None = Field(default=None, ge=1, description="Cache line size in bytes (used with associativity).")
 
     @field_validator("capacity_bytes")
     @classmethod
@@ -63,7 +67,8 @@ class Compute(BaseModel):
     register_tile_rows: int | None = Field(
         default=None, ge=1,
         description="Rows of a register tile the compiler's contraction lowering handles at full speed; "
-                    "taller tiles run proportionally slower (CPU only; None = no limit).",
+                    "taller tiles run proportionally slower (CPU only; None = no limit). The host profile "
+                    "leaves it None: the L1 set-conflict term explains the measured row limits.",
     )
 
     @field_validator("peak_flops_per_s")

@@ -50,7 +50,8 @@ def _parse_size(text: str) -> int:
 
 
 def read_sys_caches(cpu_dir: Path = Path("/sys/devices/system/cpu/cpu0")) -> list[dict]:
-    """Data/unified caches of one CPU from sysfs: [{level, size_bytes, shared_cpus}], outermost first."""
+    """Data/unified caches of one CPU from sysfs, outermost first:
+    [{level, size_bytes, shared_cpus, ways, line_bytes}] (ways/line_bytes None when not given)."""
     caches = []
     for index in sorted((cpu_dir / "cache").glob("index*")):
         try:
@@ -63,11 +64,21 @@ def read_sys_caches(cpu_dir: Path = Path("/sys/devices/system/cpu/cpu0")) -> lis
                     "level": int((index / "level").read_text()),
                     "size_bytes": _parse_size((index / "size").read_text()),
                     "shared_cpus": _count_cpu_list(shared_list),
+                    "ways": _read_int(index / "ways_of_associativity"),
+                    "line_bytes": _read_int(index / "coherency_line_size"),
                 }
             )
         except (OSError, ValueError) as exc:  # a partial sysfs (containers) is not fatal
             log.warning("skipping %s: %s", index, exc)
     return sorted(caches, key=lambda c: -c["level"])
+
+
+def _read_int(path: Path) -> int | None:
+    """A positive integer sysfs attribute, or None when absent (containers) or 0 (unknown)."""
+    try:
+        return int(path.read_text().strip()) or None
+    except (OSError, ValueError):
+        return None
 
 
 def _count_cpu_list(text: str) -> int:
@@ -110,14 +121,11 @@ def vector_width_from_flags(flags: set[str]) -> int:
 # current x86 server core; calibration fits efficiencies on top of them.
 _HOST_BANDWIDTH = {1: 200e9, 2: 100e9, 3: 60e9}
 _HOST_DRAM_BANDWIDTH = 25e9
-# Rows of a register tile IREE's contraction lowering runs at full speed, per CPU vendor (the
-# microarchitectures measured; `tilesearch calibrate` fits it on any machine). Intel Xeon
-# (AVX-512): a 32x16 tile took 12.1 ms where 16x16 took 7.2 ms (fuse_group, same distribution
-# tile). AMD Zen 4 (AVX-512 on 256-bit units): 16-row tiles ran ~1.5x slower than 8-row ones
-# (fuse_group [256, 256] / [16, 16] 10.6-11.6 ms vs [8, 32] 6.1-6.6 ms); the calibration fit
-# over 64 measured plans there chose 8 (log-loss 0.074 vs 0.096 for 16).
-_REGISTER_TILE_ROWS = {"GenuineIntel": 16, "AuthenticAMD": 8}
-_DEFAULT_REGISTER_TILE_ROWS = 16
+# No row limit on register tiles: what made tall tiles slow here is L1 set conflicts (cost.py,
+# _set_conflict_efficiency), read from sysfs below. Measured on AMD Zen 4 (L1d 32 KiB, 8 ways,
+# 64 B lines: one set every 4 KiB), 512x1024 matmul, [128, 128] / [vec] / [4]: with K = 1024
+# (rows 4 KiB apart, all in one set) 16x16 ran 2x and 32x16 5x slower than 8x32; with K = 1040
+# all three ran alike; with K = 512 (two sets) 16x16 ran alike and 32x16 2.5x slower.
 # Flops per cycle per core per f32 lane: FMA (2) x 2 FMA pipes; at an effective 2 GHz this gives
 # 256 GFLOP/s for 2 AVX-512 cores, the ~257 GFLOP/s numpy reaches here on a 1024^3 matmul.
 _HOST_EFFECTIVE_HZ = 2.0e9
@@ -142,7 +150,8 @@ def detect_host_cpu(
         shared = c["shared_cpus"] > 1
         bw = _HOST_BANDWIDTH.get(c["level"], 50e9)
         levels.append(
-            MemoryLevel(name=f"L{c['level']}", capacity_bytes=c["size_bytes"], bandwidth_bytes_per_s=bw * (cores if shared else 1), shared=shared)
+            MemoryLevel(name=f"L{c['level']}", capacity_bytes=c["size_bytes"], bandwidth_bytes_per_s=bw * (cores if shared else 1), shared=shared,
+                        associativity=c.get("ways"), line_bytes=c.get("line_bytes"))
         )
     lanes_f32 = vector_width // 4
     peak_f32 = cores * lanes_f32 * 2 * 2 * _HOST_EFFECTIVE_HZ
@@ -157,7 +166,6 @@ def detect_host_cpu(
             # x86: 32 zmm registers with AVX-512, 16 ymm without; FMA latency 4 x 2 ports.
             vector_registers=32 if vector_width >= 64 else 16,
             fma_pipeline_depth=8,
-            register_tile_rows=_REGISTER_TILE_ROWS.get(vendor, _DEFAULT_REGISTER_TILE_ROWS),
         ),
         loop_overhead_s=2e-9,
         max_vector_tile_bytes=32 * KiB,  # IREE CPU: >= 8192 f32 vector elements fails to compile

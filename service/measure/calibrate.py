@@ -57,8 +57,9 @@ BANDWIDTH_BOUNDS = (0.02, 5.0)
 OVERHEAD_BOUNDS = (0.01, 100.0)
 # Pulls unidentifiable parameters back to nominal instead of letting them wander.
 RIDGE = 1e-3
-# Register-tile terms tried by fit_profile (Compute.register_tile_rows, fma_pipeline_depth).
-REGISTER_TILE_ROWS = (4, 8, 16, 32)
+# Register-tile terms tried by fit_profile (Compute.register_tile_rows, fma_pipeline_depth); None:
+# no row limit (L1 set conflicts, read from sysfs, price tall tiles on their own).
+REGISTER_TILE_ROWS = (None, 4, 8, 16, 32)
 FMA_PIPELINE_DEPTHS = (4, 8, 16)
 
 
@@ -484,10 +485,11 @@ def fit_profile(
 ) -> HardwareModel:
     """`base` with fitted register-tile terms (CPU only) and calibration factors.
 
-    The register-tile terms are small integers the continuous fit cannot move through, and they
-    differ between microarchitectures (Zen 4 runs 16-row register tiles at half the speed of
-    8-row ones; the Intel Xeon measured before ran them at full speed): every combination gets
-    its own continuous fit and the one with the least loss is kept.
+    The register-tile terms are small integers the continuous fit cannot move through, and what
+    the cost model does not explain otherwise (L1 set conflicts, from the profile's cache
+    associativity, explain the row limits measured so far) may differ between
+    microarchitectures: every combination gets its own continuous fit and the one with the
+    least loss is kept.
     """
     train = _measured(samples)
     if base.compute.vector_registers is None:
