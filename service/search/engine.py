@@ -694,6 +694,15 @@ def _search(
                     own = [r for n in ev.cost["nests"] if group_ops & set(n["uids"]) for r in n.get("reasons", [])]
                     return ev if own else ev.model_copy(update={"feasible": True})
 
+                if spec.name in context:
+                    # Coordinate descent never steps back: the group keeps its starting tiling
+                    # unless its search finds better (a cached evaluation: no budget spent).
+                    start_plan = plan_of(context)
+                    if not isinstance(start_plan, str):
+                        (start,) = evaluator.evaluate([(Candidate(params={}, source="context"), start_plan)])
+                        if start.latency_s is not None:
+                            group_best = (judged(start), context[spec.name])
+
                 def finish(batch_pending) -> None:
                     nonlocal group_best
                     cands, handle = batch_pending
