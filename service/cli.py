@@ -114,19 +114,25 @@ def measure_cmd(
     as_json: bool = typer.Option(False, "--json", help="print JSON"),
     repetitions: int = typer.Option(5, "--repetitions", min=1),
     min_time_s: float = typer.Option(0.1, "--min-time", help="seconds per repetition"),
+    shape_hint: list[str] = typer.Option([], "--shape-hint", help="input shapes for dynamic dims, e.g. arg0=128x1024"),
 ) -> None:
     """Time a plan forced on IREE (host CPU) and IREE's own default, medians of repetitions."""
     import json
 
     from service.measure.iree import BenchSettings, NotMeasurable, cpu_per_core_s, measure_plan_and_default
+    from service.search.shapes import ShapeHintError, parse_shape_hints
 
     settings = BenchSettings(repetitions=repetitions, min_time_s=min_time_s)
     try:
         result = measure_plan_and_default(
-            file.read_text(), json.loads(plan.read_text()), settings=settings
+            file.read_text(), json.loads(plan.read_text()), settings=settings,
+            shape_hints=parse_shape_hints(shape_hint) or None,
         )
     except NotMeasurable as exc:
         typer.echo(f"not measurable: {exc.reason}", err=True)
+        raise typer.Exit(2) from None
+    except (ShapeHintError, ValueError) as exc:
+        typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
     if as_json:
         payload = result.model_dump() | {"speedup_over_default": result.speedup_over_default}

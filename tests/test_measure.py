@@ -120,6 +120,18 @@ def test_convolution_is_refused_not_faked():
         measure_plan(text, plan, settings=FAST)
 
 
+def test_a_dynamic_dim_is_sized_by_its_shape_hint_or_refused():
+    text = (WORKLOADS / "dynamic_matmul.mlir").read_text()
+    plan = matmul_plan([64, 64, 0], [8, 32, 0], [0, 0, 4])
+    with pytest.raises(NotMeasurable, match="dynamic dims"):
+        force_plan(text, plan)
+    forced = force_plan(text, plan, shape_hints={"arg0": [256, 1024]})
+    assert [a.shape for a in forced.arguments] == [(256, 1024), (1024, 1024)]
+    assert "tensor<?x1024xf32>" in forced.text  # the module stays dynamic; only the inputs are sized
+    with pytest.raises(ValueError, match="does not fit"):
+        force_plan(text, plan, shape_hints={"arg0": [256, 512]})
+
+
 # ---- real iree-compile + iree-benchmark-module ---------------------------------------------
 
 
@@ -136,6 +148,15 @@ def test_tiny_matmul_forced_and_default_are_measured():
     assert result.forced.config[0].distribution == [32, 32, 0]
     # The default reports what IREE chose for the matmul (it has all three levels).
     assert result.default.config and result.default.config[0].distribution[2] == 0
+
+
+@pytest.mark.slow
+def test_a_dynamic_module_is_measured_at_its_hinted_shape():
+    text = (WORKLOADS / "dynamic_matmul.mlir").read_text()
+    result = measure_plan_and_default(text, matmul_plan([32, 64, 0], [8, 32, 0], [0, 0, 4]), settings=FAST,
+                                      shape_hints={"arg0": [64, 1024]})
+    assert result.forced.ok and result.default.ok, (result.forced.error, result.default.error)
+    assert result.forced.config[0].distribution == [32, 64, 0]
 
 
 @pytest.mark.slow

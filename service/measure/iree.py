@@ -308,20 +308,29 @@ class ArgumentSpec:
     element_type: str
 
 
-def function_arguments(func: ir.Operation) -> list[ArgumentSpec]:
-    """Shapes and element types of a func's tensor arguments; dynamic dims are NotMeasurable."""
+def function_arguments(func: ir.Operation, shape_hints: Mapping[str, Sequence[int]] | None = None) -> list[ArgumentSpec]:
+    """Shapes and element types of a func's tensor arguments. A dynamic dim takes its size from
+    `shape_hints` (argument `argN` -> full shape, as `tune --shape-hint argN=AxB` gives it);
+    one without a hint is NotMeasurable."""
     ftype = ir.FunctionType(ir.TypeAttr(func.attributes["function_type"]).value)
+    hints = shape_hints or {}
     args = []
     for i, t in enumerate(ftype.inputs):
         rt = t.maybe_downcast() if hasattr(t, "maybe_downcast") else t
         if not isinstance(rt, ir.RankedTensorType):
             raise NotMeasurable(f"argument {i} of @{_func_name(func)} is {t}, not a ranked tensor")
+        shape = tuple(rt.shape)
         if not rt.has_static_shape:
-            raise NotMeasurable(
-                f"argument {i} of @{_func_name(func)} has dynamic dims ({t}): "
-                "benchmark a static specialization of the module"
-            )
-        args.append(ArgumentSpec(tuple(rt.shape), str(rt.element_type)))
+            hint = hints.get(f"arg{i}")
+            if hint is None:
+                raise NotMeasurable(
+                    f"argument {i} of @{_func_name(func)} has dynamic dims ({t}): "
+                    f"give its shape (arg{i}=...) or benchmark a static specialization of the module"
+                )
+            if len(hint) != len(shape) or any(d != ir.ShapedType.get_dynamic_size() and d != h for d, h in zip(shape, hint)):
+                raise ValueError(f"shape hint arg{i}={'x'.join(map(str, hint))} does not fit {t}")
+            shape = tuple(int(h) for h in hint)
+        args.append(ArgumentSpec(shape, str(rt.element_type)))
     return args
 
 
@@ -353,6 +362,7 @@ def force_plan(
     *,
     anchor_of: Callable[[Any], AnchorRef] | None = None,
     pipeline: str = DEFAULT_PIPELINE,
+    shape_hints: Mapping[str, Sequence[int]] | None = None,
 ) -> ForcedModule:
     """Parse `module_text`, set each group's config as `compilation_info` on its anchor op.
 
@@ -383,12 +393,13 @@ def force_plan(
             raise NotMeasurable(f"plan anchors span several functions {sorted(funcs)}: time one at a time")
         (function,) = funcs
         func = _walk(module, lambda op: op.name == "func.func" and _func_name(op) == function)[0]
-        arguments = function_arguments(func)
+        arguments = function_arguments(func, shape_hints)
         _strip_uid_tags(module)
         return ForcedModule(str(module), function, arguments, configs)
 
 
-def default_module(module_text: str, function: str | None = None) -> ForcedModule:
+def default_module(module_text: str, function: str | None = None,
+                   shape_hints: Mapping[str, Sequence[int]] | None = None) -> ForcedModule:
     """The module as is (IREE picks its own config), with the function to time."""
     with context():
         module = ir.Module.parse(module_text)
@@ -398,7 +409,7 @@ def default_module(module_text: str, function: str | None = None) -> ForcedModul
         if not funcs:
             raise LookupError(f"no func.func {'@' + function if function else ''} in the module")
         func = funcs[0]
-        return ForcedModule(str(module), _func_name(func), function_arguments(func), [])
+        return ForcedModule(str(module), _func_name(func), function_arguments(func, shape_hints), [])
 
 
 # --------------------------------------------------------------------------------------------
@@ -628,9 +639,11 @@ def measure_plan(
     settings: BenchSettings = BenchSettings(),
     anchor_of: Callable[[Any], AnchorRef] | None = None,
     keep_dir: Path | None = None,
+    shape_hints: Mapping[str, Sequence[int]] | None = None,
 ) -> Measurement:
-    """Force `plan` on the module, compile, time. Raises NotMeasurable (convs, dynamic shapes)."""
-    prepared = force_plan(module_text, plan, anchor_of=anchor_of)
+    """Force `plan` on the module, compile, time. Raises NotMeasurable (convs, dynamic dims
+    without a shape hint)."""
+    prepared = force_plan(module_text, plan, anchor_of=anchor_of, shape_hints=shape_hints)
     with _workdir(keep_dir) as workdir:
         flags = write_inputs(prepared.arguments, workdir)
         return _measure(prepared, workdir, "forced", settings, flags)
@@ -642,9 +655,10 @@ def measure_default(
     function: str | None = None,
     settings: BenchSettings = BenchSettings(),
     keep_dir: Path | None = None,
+    shape_hints: Mapping[str, Sequence[int]] | None = None,
 ) -> Measurement:
     """Time the module with IREE's own configs; `config` reports the ones IREE chose."""
-    prepared = default_module(module_text, function)
+    prepared = default_module(module_text, function, shape_hints)
     with _workdir(keep_dir) as workdir:
         flags = write_inputs(prepared.arguments, workdir)
         return _measure(prepared, workdir, "default", settings, flags)
@@ -657,11 +671,13 @@ def measure_plan_and_default(
     settings: BenchSettings = BenchSettings(),
     anchor_of: Callable[[Any], AnchorRef] | None = None,
     keep_dir: Path | None = None,
+    shape_hints: Mapping[str, Sequence[int]] | None = None,
 ) -> Comparison:
     """The forced plan and IREE's default on the same random inputs, compiled in one temp dir
-    and timed in alternating rounds (one repetition each) so that both see the same load."""
-    forced = force_plan(module_text, plan, anchor_of=anchor_of)
-    default = default_module(module_text, forced.function)
+    and timed in alternating rounds (one repetition each) so that both see the same load.
+    `shape_hints` sizes dynamic dims (argN -> shape) for the inputs; both modules stay dynamic."""
+    forced = force_plan(module_text, plan, anchor_of=anchor_of, shape_hints=shape_hints)
+    default = default_module(module_text, forced.function, shape_hints)
     with _workdir(keep_dir) as workdir:
         flags = write_inputs(forced.arguments, workdir)
         compiled = [_compile(forced, workdir, "forced", settings), _compile(default, workdir, "default", settings)]
