@@ -505,3 +505,14 @@ def test_tpe_reusing_its_estimators_within_a_batch_samples_as_optuna_does():
     assert len({tuple(p.values()) for p in asked[0][10:]}) > 20  # it did sample, not repeat one point
     with pytest.raises(ValueError, match="constant liar"):
         _KnownSpaceTPESampler(space, constant_liar=True)
+
+
+def test_a_dynamic_dim_is_always_tiled_at_the_outer_level(host):
+    """Untiled, a dynamic dim leaves the vector tiles without a static bound (IREE measured:
+    dynamic_matmul distribution [0, 128] 5.7 ms CPU, [128, 32] 4.8, [64, 64] 4.7)."""
+    graph = analyze(source("dynamic_matmul")).graph
+    (spec,) = build_space(graph, host, {"arg0": [512, 1024]}).groups
+    assert 0 not in spec.outer_choices[0] and 512 in spec.outer_choices[0]
+    assert 0 in spec.outer_choices[1]  # N is static: untiled stays a choice
+    r = tune(source("dynamic_matmul"), host, budget=24, strategy="random", seed=0, workers=1, shape_hints=["arg0=512x1024"])
+    assert all(t.plan["groups"][0]["levels"][0]["tile_sizes"][0] > 0 for t in r.trials if t.source == "random" and t.plan and t.plan["groups"])
