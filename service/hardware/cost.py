@@ -239,9 +239,9 @@ class _Analyzer:
                 i = self.int_value(idx)
                 return None if i is None else self.shape(src)[i]
             if name in ("affine.apply", "affine.min", "affine.max"):
-                amap = ir.AffineMapAttr(op.attributes["map"]).value
+                n_dims, results = _compiled_map(op.attributes["map"])
                 args = [self.int_value(o) for o in op.operands]
-                vals = [_eval_affine(e, args, amap.n_dims) for e in amap.results]
+                vals = [_eval_affine(e, args, n_dims) for e in results]
                 known = [x for x in vals if x is not None]
                 if name == "affine.min" and known:
                     return min(known)  # a tile-size bound: the full tile is the common case
@@ -333,11 +333,15 @@ class _Analyzer:
     def _static_or_int(self, op, attr: str, dynamic_values) -> list[int]:
         """An op's mixed static/dynamic list (sizes, pads), dynamic entries as static ints where
         known, else the default extent."""
-        dynamic = list(dynamic_values)
+        return self._mixed_ints(ir.DenseI64ArrayAttr(op.attributes[attr]), list(dynamic_values))
+
+    def _mixed_ints(self, static, dynamic: list) -> list[int]:
         out = []
-        for s in ir.DenseI64ArrayAttr(op.attributes[attr]):
+        i = 0
+        for s in static:
             if s == DYNAMIC:
-                n = self.int_value(dynamic.pop(0))
+                n = self.int_value(dynamic[i])
+                i += 1
                 out.append(n if n is not None else DEFAULT_DYNAMIC_EXTENT)
             else:
                 out.append(s)
@@ -366,7 +370,8 @@ class _Analyzer:
         if c is not None:
             return c
         if isinstance(v, ir.OpResult) and _opname(v.owner) in _AFFINE_MAP_OPS:
-            return (_opname(v.owner), str(v.owner.attributes["map"]), tuple(self.offset_key(o) for o in v.owner.operands))
+            # Attributes are uniqued in their context: the same map is the same attribute.
+            return (_opname(v.owner), v.owner.attributes["map"], tuple(self.offset_key(o) for o in v.owner.operands))
         # Anything else (affine.delinearize_index from fusion across a collapse_shape, ...):
         # the value itself, so only slices at this very offset count as the same tile.
         return ("v", v)
@@ -446,18 +451,26 @@ class _Analyzer:
                     self.add_whole_reads(node, op)
 
     def add_slice(self, node: Node, op, source: ir.Value, tile: ir.Value, is_write: bool) -> None:
-        view = op.opview
-        sizes = self.slice_sizes(op)
-        root = self.resolve(source)
-        offsets = [self.offset_key(o) for o in view.offsets]
+        # The offset and size operands follow the source (and dest) in the operand list, one per
+        # dynamic entry of static_offsets / static_sizes: read directly, without an OpView and
+        # its segment-size attribute (the cost model's hottest path, ~17 slices per plan).
+        operands = list(op.operands)
         static_offsets = list(ir.DenseI64ArrayAttr(op.attributes["static_offsets"]))
+        static_sizes = list(ir.DenseI64ArrayAttr(op.attributes["static_sizes"]))
+        first = 2 if is_write else 1
+        n_offsets = sum(1 for s in static_offsets if s == DYNAMIC)
+        dynamic_offsets = operands[first:first + n_offsets]
+        dynamic_sizes = operands[first + n_offsets:first + n_offsets + sum(1 for s in static_sizes if s == DYNAMIC)]
+        sizes = self._mixed_ints(static_sizes, dynamic_sizes)
+        root = self.resolve(source)
+        offsets = [self.offset_key(o) for o in dynamic_offsets]
         node.slices.append(
             Slice(
                 key=(self.value_key(root), tuple(static_offsets), tuple(offsets), tuple(sizes)),
                 source=root,
                 bytes=self.bytes_of(tile, [s for s in sizes if s != 1] or [1]) if _ranked(tile) else 0,
                 source_bytes=self.bytes_of(root),
-                deps=self.deps(list(view.offsets)),
+                deps=self.deps(dynamic_offsets),
                 node=node,
                 is_write=is_write,
             )
@@ -599,28 +612,62 @@ def _flops_per_point(op) -> int:
     return n
 
 
-def _eval_affine(e, args: list[int | None], n_dims: int) -> int | None:
+# Affine maps as plain tuples, by attribute (uniqued per context, so each distinct map is read
+# through the bindings once per worker instead of once per use: the search costs thousands of
+# clones with the same few maps). An expression is ("c", value) | ("d", pos) | ("s", pos) |
+# (op, lhs, rhs) with op one of + * floordiv ceildiv mod | None (not evaluable).
+_COMPILED_MAPS: dict = {}
+_MAX_COMPILED_MAPS = 4096
+
+
+def _compiled_map(attr) -> tuple[int, tuple]:
+    got = _COMPILED_MAPS.get(attr)
+    if got is None:
+        amap = ir.AffineMapAttr(attr).value
+        got = (amap.n_dims, tuple(_compile_affine(e) for e in amap.results))
+        if len(_COMPILED_MAPS) >= _MAX_COMPILED_MAPS:
+            _COMPILED_MAPS.clear()
+        _COMPILED_MAPS[attr] = got
+    return got
+
+
+def _compile_affine(e) -> tuple | None:
     if isinstance(e, ir.AffineConstantExpr):
-        return e.value
+        return ("c", e.value)
     if isinstance(e, ir.AffineDimExpr):
-        return args[e.position]
+        return ("d", e.position)
     if isinstance(e, ir.AffineSymbolExpr):
-        return args[n_dims + e.position]
+        return ("s", e.position)
     if isinstance(e, ir.AffineBinaryExpr):
-        a, b = _eval_affine(e.lhs, args, n_dims), _eval_affine(e.rhs, args, n_dims)
-        if a is None or b is None:
-            return None
-        if isinstance(e, ir.AffineAddExpr):
-            return a + b
-        if isinstance(e, ir.AffineMulExpr):
-            return a * b
-        if isinstance(e, ir.AffineFloorDivExpr):
-            return a // b
-        if isinstance(e, ir.AffineCeilDivExpr):
-            return -(-a // b)
-        if isinstance(e, ir.AffineModExpr):
-            return a % b
+        for kind, op in ((ir.AffineAddExpr, "+"), (ir.AffineMulExpr, "*"), (ir.AffineFloorDivExpr, "floordiv"),
+                         (ir.AffineCeilDivExpr, "ceildiv"), (ir.AffineModExpr, "mod")):
+            if isinstance(e, kind):
+                return (op, _compile_affine(e.lhs), _compile_affine(e.rhs))
     return None
+
+
+def _eval_affine(e: tuple | None, args: list[int | None], n_dims: int) -> int | None:
+    if e is None:
+        return None
+    kind = e[0]
+    if kind == "c":
+        return e[1]
+    if kind == "d":
+        return args[e[1]]
+    if kind == "s":
+        return args[n_dims + e[1]]
+    a, b = _eval_affine(e[1], args, n_dims), _eval_affine(e[2], args, n_dims)
+    if a is None or b is None:
+        return None
+    if kind == "+":
+        return a + b
+    if kind == "*":
+        return a * b
+    if kind == "floordiv":
+        return a // b
+    if kind == "ceildiv":
+        return -(-a // b)
+    return a % b
 
 
 def _normalize_hints(hints: dict[str, object]) -> dict[str, list[int]]:
