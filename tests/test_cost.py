@@ -409,3 +409,21 @@ def test_producers_fused_through_a_pad_are_priced() -> None:
     assert sorted(u for n in fused.nests for u in n.uids) == [0, 1, 2, 3, 4, 5]
     # The fused 1x1 conv is computed per 8-row tile plus a halo row on each side: more flops.
     assert fused.flops > pad_only.flops and fused.recompute_flops > 0
+
+
+def test_a_loop_nests_output_is_written_once() -> None:
+    """A nest's result is the tiles it inserts into its destination; it was also counted as a
+    whole write of the result, doubling the output in the footprint and the traffic (attention
+    scores: 18 MiB from main memory for 1 + 1 MiB in and 8 MiB out, and with the footprint over
+    the L3 share every tile's re-reads charged to DRAM, which made small tiles look slow)."""
+    hw = get_profile("host-cpu")
+    with context():
+        tagged = tag_tileable_ops(parse_module((WORKLOADS / "attention_scores.mlir").read_text()))
+        for dist, vec in (([2, 0, 0, 0], [0, 8, 16, 0]), ([1, 64, 64, 0], [1, 8, 16, 0])):
+            plan = Plan.model_validate({"groups": [{"anchor": 1, "fuse": [0, 2], "levels": [
+                {"tile_sizes": dist, "loop": "forall"}, {"tile_sizes": vec, "loop": "for"},
+                {"tile_sizes": [0, 0, 0, 16], "loop": "for"}]}]})
+            (nest,) = estimate_cost(apply_plan(tagged, plan).module, hw).nests
+            dram = nest.levels[0]
+            assert dram.footprint_bytes == pytest.approx((1 + 1 + 8) << 20, rel=1e-3)
+            assert dram.traffic_bytes == pytest.approx((1 + 1 + 8) << 20, rel=1e-3)

@@ -865,10 +865,12 @@ def estimate_cost(
                 for r in op.results:  # the nest's results live in main memory, outside the nest
                     an.value_node.pop(r, None)
                 # A zero-sized iteration space reads and writes nothing.
-                if not (_is_tileable(op) and any(c.points == 0 for c in root.computes)):
-                    if _is_tileable(op):  # a standalone op reads whole operands
-                        root.slices += [an.whole(an.resolve(o), root) for o in op.operands if _ranked(o) is not None]
-                    root.slices += [an.whole(r, root, is_write=True) for r in op.results]  # results land in main memory
+                if _is_tileable(op) and not any(c.points == 0 for c in root.computes):
+                    # A standalone op reads whole operands, and its results land in main memory.
+                    # (A loop nest's results are its insert_slices into the destination: the
+                    # same bytes, counted once there.)
+                    root.slices += [an.whole(an.resolve(o), root) for o in op.operands if _ranked(o) is not None]
+                    root.slices += [an.whole(r, root, is_write=True) for r in op.results]
                 # Inputs produced by an earlier nest went through main memory (un-fused).
                 for s in _outside_slices(root, an):
                     if not s[0].is_write and s[0].source in produced_by_nest:
