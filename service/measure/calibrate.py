@@ -118,7 +118,7 @@ def load_contraction_workloads(directory: Path) -> tuple[list[ContractionWorkloa
             continue
         op = graph.op(anchors[0])
         if op.dynamic_dims or any(r is None for r in op.loop_ranges):
-            skipped[path.stem] = "dynamic dims: IREE benchmarks static shapes only"
+            skipped[path.stem] = "dynamic dims: calibration samples static shapes (measure one at a shape with tilesearch measure --shape-hint)"
             continue
         found.append(
             ContractionWorkload(path.stem, text, anchors[0], list(op.loop_ranges),
