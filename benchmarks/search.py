@@ -6,7 +6,8 @@
 
 Prints markdown tables (pasted into README.md, "Search benchmarks"). Uses the host-cpu
 profile and 2 worker processes. Exhaustive optima are cached in var/search_bench_cache.json
-(keyed by workload text, hardware hash and space version) since they take minutes.
+(keyed by workload text, hardware hash, space version and the cost model's source) since they
+take minutes.
 """
 
 from __future__ import annotations
@@ -54,14 +55,20 @@ def table(headers: list[str], rows: list[list]) -> str:
     return "\n".join(out)
 
 
-def throughput(hw, budget: int) -> str:
+def throughput(hw, budget: int, runs: int) -> str:
+    """Median evaluations/s over `runs` identical searches (one run swings +-15% on this shared
+    VM), and the slowest run."""
     rows = []
     for name in ALL:
-        r = tune(src(name), hw, budget=budget, strategy="random", seed=0, workers=2)
-        t = tune(src(name), hw, budget=budget, strategy="tpe", seed=0, workers=2)
-        rows.append([name, len(r.groups), r.space_size, r.evaluations, f"{r.evaluations_per_s:.0f}", f"{t.evaluations_per_s:.0f}"])
-        print(f"  throughput {name}: {r.evaluations_per_s:.0f}/s random, {t.evaluations_per_s:.0f}/s tpe", file=sys.stderr)
-    return table(["workload", "groups", "space", "evals", "evals/s (random)", "evals/s (tpe)"], rows)
+        cells = []
+        for strategy in ("random", "tpe"):
+            got = [tune(src(name), hw, budget=budget, strategy=strategy, seed=0, workers=2) for _ in range(runs)]
+            rates = sorted(r.evaluations_per_s for r in got)
+            cells.append(f"{statistics.median(rates):.0f} (min {rates[0]:.0f})")
+        r = got[0]
+        rows.append([name, len(r.groups), r.space_size, r.evaluations, *cells])
+        print(f"  throughput {name}: {cells[0]} random, {cells[1]} tpe", file=sys.stderr)
+    return table(["workload", "groups", "space", "evals", f"evals/s random, median of {runs}", f"evals/s tpe, median of {runs}"], rows)
 
 
 def _cache() -> dict:
@@ -69,7 +76,9 @@ def _cache() -> dict:
 
 
 def exhaustive_optimum(name: str, hw) -> tuple[float, int]:
-    key = hashlib.sha256((src(name) + hw.content_hash() + SPACE_VERSION).encode()).hexdigest()[:16]
+    # Keyed by the cost model's source too: a model change moves the optimum.
+    model_src = (ROOT / "service" / "hardware" / "cost.py").read_text()
+    key = hashlib.sha256((src(name) + hw.content_hash() + SPACE_VERSION + model_src).encode()).hexdigest()[:16]
     cache = _cache()
     if key in cache:
         return cache[key]["latency_s"], cache[key]["evaluations"]
@@ -170,6 +179,7 @@ def main() -> None:
     ap.add_argument("--budget", type=int, default=300, help="budget for the vs-baseline table")
     ap.add_argument("--measure-rounds", type=int, default=3, help="paired comparisons per workload (median)")
     ap.add_argument("--seeds", type=int, default=3, help="seeds per TPE/random quality cell (median)")
+    ap.add_argument("--runs", type=int, default=3, help="runs per throughput cell (median)")
     args = ap.parse_args()
     warnings.filterwarnings("ignore")
     logging.disable(logging.WARNING)
@@ -177,8 +187,8 @@ def main() -> None:
     t0 = time.time()
     print(f"host-cpu ({hw.compute.cores} cores), 2 worker processes, space {SPACE_VERSION}\n")
     if args.only in (None, "throughput"):
-        print("### Evaluations per second (budget 200, random and TPE)\n")
-        print(throughput(hw, 200) + "\n")
+        print(f"### Evaluations per second (budget 200, random and TPE, median of {args.runs} runs)\n")
+        print(throughput(hw, 200, args.runs) + "\n")
     if args.only in (None, "quality"):
         print(f"### Best predicted latency (ms) vs budget, median of {args.seeds} seeds; % over the exhaustive optimum\n")
         print(quality(hw, args.seeds) + "\n")
