@@ -322,13 +322,21 @@ def tune_cmd(
     workers: int = typer.Option(2, "--workers", min=1, help="evaluation processes"),
     server: str | None = typer.Option(None, "--server", help="ask a tilesearch API (e.g. http://127.0.0.1:8000) instead of searching here"),
     token: str | None = typer.Option(None, "--token", envvar="TILESEARCH_API_TOKEN", help="bearer token for --server"),
+    measure_top: int = typer.Option(0, "--measure-top", min=0,
+                                    help="measure the K plans predicted fastest with IREE on this CPU and answer with the fastest measured"),
 ) -> None:
     """Search tile-and-fuse plans; prints the best, its predicted cost and the super-tiling baseline."""
     import json
 
     if server is not None:
+        if measure_top:
+            typer.echo("error: --measure-top runs IREE on this machine; drop --server", err=True)
+            raise typer.Exit(2)
         _tune_via_server(server, token, file, hardware, budget, seconds, strategy, seed, as_json, out, shape_hint, bucket)
         return
+    if measure_top and bucket:
+        typer.echo("error: --measure-top measures one shape: use --shape-hint instead of --bucket", err=True)
+        raise typer.Exit(2)
 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -354,6 +362,12 @@ def tune_cmd(
                           shape_hints=shape_hint, buckets=bucket, workers=workers, progress=progress)
         except (IRError, ValueError) as exc:
             raise _ir_failure(exc) from None
+    if measure_top:
+        from service.measure.refine import refine, with_measured_choice
+
+        if isinstance(source, bytes):
+            raise _ir_failure(ValueError("--measure-top takes MLIR text, not bytecode"))
+        result = with_measured_choice(result, refine(source, result, measure_top))
     written = write_outputs(result, source, out) if out else []
     if as_json:
         typer.echo(json.dumps(result.summary(), indent=2))

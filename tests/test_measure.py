@@ -186,3 +186,77 @@ def test_cli_measure_prints_forced_and_default_medians(tmp_path):
     payload = json.loads(result.output)
     assert payload["forced"]["ok"] and payload["default"]["ok"]
     assert payload["speedup_over_default"] > 0
+
+
+# ---- measure-in-the-loop refinement ---------------------------------------------------------
+
+
+def _tiny_tune(budget: int = 16):
+    from service.hardware.profiles import get_profile
+    from service.search.engine import tune
+
+    return tune(TINY_MATMUL, get_profile("host-cpu"), budget=budget, strategy="random", seed=0, workers=1)
+
+
+def test_the_top_plans_are_distinct_feasible_and_in_predicted_order():
+    from service.measure.refine import top_plans
+
+    result = _tiny_tune()
+    top = top_plans(result, 4)
+    assert len(top) == 4 and len({h for _, h, _ in top}) == 4
+    assert [lat for _, _, lat in top] == sorted(lat for _, _, lat in top)
+    feasible = sorted(t.latency_s for t in result.trials if t.stage == "cost" and t.feasible and t.plan["groups"])
+    assert top[0][2] == feasible[0]
+
+
+def test_the_fastest_measured_plan_answers_not_the_fastest_predicted():
+    from service.measure.iree import Measurement
+    from service.measure.refine import MeasuredPlan, Refinement, top_plans, with_measured_choice
+
+    result = _tiny_tune()
+    top = top_plans(result, 2)
+
+    def timed(cpu: float) -> Measurement:
+        return Measurement(ok=True, median_s=cpu / 2, cpu_median_s=cpu, iree_version="test")
+
+    refinement = Refinement(candidates=[MeasuredPlan(plan=p, plan_hash=h, predicted_latency_s=lat, measured=timed(cpu))
+                                        for (p, h, lat), cpu in zip(top, (2e-3, 1e-3))],
+                            default=timed(3e-3), chosen=1)
+    answered = with_measured_choice(result, refinement)
+    assert answered.plan == top[1][0] and answered.plan_hash == top[1][1]
+    assert answered.predicted["latency_s"] == top[1][2]
+    assert answered.summary()["measured"]["chosen"] == 1
+    # Nothing measurable: the predicted best stands, and the answer says why.
+    kept = with_measured_choice(result, Refinement(not_measurable="convolution"))
+    assert kept.plan == result.plan and kept.summary()["measured"]["not_measurable"] == "convolution"
+
+
+def test_measure_top_refuses_what_it_cannot_measure(tmp_path):
+    from typer.testing import CliRunner
+
+    from service.cli import app
+
+    module = tmp_path / "mm.mlir"
+    module.write_text(TINY_MATMUL)
+    for extra in (["--bucket", "M=1,16"], ["--server", "http://127.0.0.1:9"]):
+        result = CliRunner().invoke(app, ["tune", str(module), "--measure-top", "2", *extra])
+        assert result.exit_code == 2 and "--measure-top" in result.output
+
+
+@pytest.mark.slow
+def test_tune_measure_top_times_the_candidates_and_the_default(tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from service.cli import app
+
+    module = tmp_path / "mm.mlir"
+    module.write_text(TINY_MATMUL)
+    result = CliRunner().invoke(app, ["tune", str(module), "--budget", "12", "--workers", "1", "--measure-top", "2", "--json"])
+    assert result.exit_code == 0, result.output
+    payload = json.loads(result.output)
+    measured = payload["measured"]
+    assert measured["default_cpu_s"] > 0 and len(measured["candidates"]) == 2
+    chosen = measured["candidates"][measured["chosen"]]
+    assert chosen["cpu_s"] == min(c["cpu_s"] for c in measured["candidates"])

@@ -676,13 +676,32 @@ def measure_plan_and_default(
     """The forced plan and IREE's default on the same random inputs, compiled in one temp dir
     and timed in alternating rounds (one repetition each) so that both see the same load.
     `shape_hints` sizes dynamic dims (argN -> shape) for the inputs; both modules stay dynamic."""
-    forced = force_plan(module_text, plan, anchor_of=anchor_of, shape_hints=shape_hints)
-    default = default_module(module_text, forced.function, shape_hints)
+    (forced,), default = measure_plans_and_default(module_text, [plan], settings=settings, anchor_of=anchor_of,
+                                                   keep_dir=keep_dir, shape_hints=shape_hints)
+    return Comparison(forced=forced, default=default)
+
+
+def measure_plans_and_default(
+    module_text: str,
+    plans: Sequence[Any],
+    *,
+    settings: BenchSettings = BenchSettings(),
+    anchor_of: Callable[[Any], AnchorRef] | None = None,
+    keep_dir: Path | None = None,
+    shape_hints: Mapping[str, Sequence[int]] | None = None,
+) -> tuple[list[Measurement], Measurement]:
+    """Several forced plans and IREE's default, timed in alternating rounds (A B C default A B
+    C default ...), so that a burst of outside load hits them alike. Raises NotMeasurable."""
+    forced = [force_plan(module_text, plan, anchor_of=anchor_of, shape_hints=shape_hints) for plan in plans]
+    if not forced:
+        raise ValueError("no plans to measure")
+    default = default_module(module_text, forced[0].function, shape_hints)
     with _workdir(keep_dir) as workdir:
-        flags = write_inputs(forced.arguments, workdir)
-        compiled = [_compile(forced, workdir, "forced", settings), _compile(default, workdir, "default", settings)]
-        timed_forced, timed_default = _time_rounds(compiled, flags, settings, settings.repetitions)
-        return Comparison(forced=timed_forced, default=timed_default)
+        flags = write_inputs(forced[0].arguments, workdir)
+        compiled = [_compile(f, workdir, f"forced{i}", settings) for i, f in enumerate(forced)]
+        compiled.append(_compile(default, workdir, "default", settings))
+        *timed, timed_default = _time_rounds(compiled, flags, settings, settings.repetitions)
+        return timed, timed_default
 
 
 class _workdir:

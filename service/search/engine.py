@@ -216,6 +216,8 @@ class TuneResult(BaseModel):
     shape_hints: dict[str, list[int]] = Field(default_factory=dict)
     buckets: list[BucketResult] | None = None
     dispatch: list[dict] | None = Field(default=None, description="which bucket plan serves which range of the bucketed dim")
+    measured: dict | None = Field(default=None, description="measure-in-the-loop refinement (service.measure.refine): "
+                                  "the top plans and IREE's default timed on this machine, and which answered")
 
     def summary(self) -> dict:
         """The CLI's --json shape."""
@@ -229,6 +231,7 @@ class TuneResult(BaseModel):
             "complete": self.complete,
             "warnings": self.warnings,
             **({"dispatch": self.dispatch} if self.dispatch else {}),
+            **({"measured": self.measured} if self.measured else {}),
         }
 
 

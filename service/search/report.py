@@ -32,10 +32,28 @@ def summary_lines(result: TuneResult) -> list[str]:
         f"({result.evaluations_per_s:.0f}/s), space {result.space_size}"
         + ("" if result.complete else "  [time budget hit: search incomplete]")
     )
+    lines += measured_lines(result.measured)
     for b in result.dispatch or []:
         lines.append(f"dispatch {b['dim']} in ({b['min_exclusive']}, {b['max_inclusive']}]: plan {b['plan_hash']} (bucket {b['bucket']})")
     if not result.feasible:
         lines.append("NO FEASIBLE PLAN: " + "; ".join(result.predicted.get("reasons", [])))
+    return lines
+
+
+def measured_lines(measured: dict | None) -> list[str]:
+    """`tune --measure-top K`: each candidate's predicted and measured time (CPU per call)."""
+    if not measured:
+        return []
+    if measured.get("not_measurable"):
+        return [f"measured: not measurable ({measured['not_measurable']}); the predicted best stands"]
+    default = measured.get("default_cpu_s")
+    lines = [f"measured with IREE on this CPU (CPU time per call; IREE's default {_ms(default)}):"]
+    for i, c in enumerate(measured["candidates"]):
+        got = c["cpu_s"]
+        vs = f"  {default / got:.2f}x IREE's default" if got and default else ""
+        mark = "  <- chosen" if i == measured.get("chosen") else ""
+        shown = _ms(got) if got else f"FAILED {c['error']}"
+        lines.append(f"  {i + 1}. {c['plan_hash'][:12]} predicted {_ms(c['predicted_latency_s'])}, measured {shown}{vs}{mark}")
     return lines
 
 

@@ -1,0 +1,94 @@
+"""Measure-in-the-loop refinement: the cost model ranks, IREE decides among the top few.
+
+The model orders plans well (README, cost model fidelity: median Spearman rho 0.94) but within
+10% of the best its order is as good as the measurement noise allows, and it misses what it
+does not model (IREE's dynamic-shape codegen, fused epilogues). So, like an autotuner, measure
+the K distinct feasible plans the search predicted fastest on this machine, with IREE, in
+alternating rounds beside IREE's default, and answer with the fastest measured.
+
+Ranked by CPU time per call (load-robust on a shared machine; wall time swings with others'
+load). The speedup of the chosen plan is biased upwards (it won a noisy contest); report
+speedups from fresh measurements, as benchmarks/search.py does.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+
+from service.search.engine import TuneResult
+
+from .iree import BenchSettings, Measurement, NotMeasurable, measure_plans_and_default
+
+
+class MeasuredPlan(BaseModel):
+    plan: dict
+    plan_hash: str
+    predicted_latency_s: float
+    measured: Measurement
+
+
+class Refinement(BaseModel):
+    candidates: list[MeasuredPlan] = Field(default_factory=list, description="in predicted order")
+    default: Measurement | None = None
+    chosen: int | None = Field(default=None, description="index of the fastest measured candidate")
+    not_measurable: str | None = None
+
+    def summary(self) -> dict:
+        """The CLI's --json `measured` block."""
+        def cpu(m: Measurement | None) -> float | None:
+            return m.cpu_median_s if m is not None and m.ok else None
+
+        return {
+            "default_cpu_s": cpu(self.default),
+            "chosen": self.chosen,
+            "not_measurable": self.not_measurable,
+            "candidates": [
+                {"plan_hash": c.plan_hash, "predicted_latency_s": c.predicted_latency_s, "cpu_s": cpu(c.measured),
+                 "wall_s": c.measured.median_s if c.measured.ok else None, "error": c.measured.error}
+                for c in self.candidates
+            ],
+        }
+
+
+def top_plans(result: TuneResult, k: int) -> list[tuple[dict, str, float]]:
+    """The k distinct feasible plans with the lowest predicted latency: (plan, hash, latency)."""
+    seen: set[str] = set()
+    ranked = []
+    for t in sorted((t for t in result.trials if t.stage == "cost" and t.feasible and t.plan and t.plan.get("groups")
+                     and t.latency_s is not None), key=lambda t: t.latency_s):
+        if t.plan_hash in seen:
+            continue
+        seen.add(t.plan_hash)
+        ranked.append((t.plan, t.plan_hash, t.latency_s))
+        if len(ranked) == k:
+            break
+    return ranked
+
+
+def refine(source: str, result: TuneResult, k: int, settings: BenchSettings = BenchSettings()) -> Refinement:
+    """Measure the top-k predicted plans and IREE's default; `chosen` is the fastest measured."""
+    if result.buckets:
+        raise ValueError("measuring a bucketed search: measure one bucket at a time (--shape-hint)")
+    top = top_plans(result, k)
+    if not top:
+        return Refinement(not_measurable="no feasible tiled plan to measure")
+    try:
+        measured, default = measure_plans_and_default(source, [p for p, _, _ in top], settings=settings,
+                                                      shape_hints=result.shape_hints or None)
+    except NotMeasurable as exc:
+        return Refinement(not_measurable=exc.reason)
+    candidates = [MeasuredPlan(plan=p, plan_hash=h, predicted_latency_s=lat, measured=m)
+                  for (p, h, lat), m in zip(top, measured)]
+    timed = [(c.measured.cpu_median_s, i) for i, c in enumerate(candidates) if c.measured.ok and c.measured.cpu_median_s]
+    return Refinement(candidates=candidates, default=default, chosen=min(timed)[1] if timed else None)
+
+
+def with_measured_choice(result: TuneResult, refinement: Refinement) -> TuneResult:
+    """`result` answering with the refinement's choice (its predicted cost from the search), and
+    the measurements under `measured`. Unchanged plan when nothing could be measured."""
+    update: dict = {"measured": refinement.summary()}
+    if refinement.chosen is not None:
+        chosen = refinement.candidates[refinement.chosen]
+        ev = next(t for t in result.trials if t.plan_hash == chosen.plan_hash and t.cost is not None)
+        update |= {"plan": chosen.plan, "plan_hash": chosen.plan_hash, "predicted": ev.cost, "feasible": ev.feasible}
+    return result.model_copy(update=update)
