@@ -662,6 +662,12 @@ def _search(
                 left = sum(shares[g.name] for g in space.groups[gi:])
                 group_budget = int((budget - evaluator.evaluations) * shares[spec.name] / left)
                 spent_at_start = evaluator.evaluations
+                # The time left is shared out like the budget: with a time limit and a large
+                # budget, the first group once spent all of it and left the others unsearched.
+                group_deadline = None
+                if deadline:
+                    now = time.perf_counter()
+                    group_deadline = now + max(0.0, deadline - now) * shares[spec.name] / left
                 twin = twins.get(_knob_shape(spec, graph))
                 warm = warm_by_group[spec.name] + ([_translate(twin, spec)] if twin else [])
                 strat = make_strategy(strategy, spec.knobs(), seed + gi, warm, identity=spec.identity)
@@ -724,7 +730,7 @@ def _search(
                 while True:
                     launched = None
                     room = group_budget - (evaluator.evaluations - spent_at_start)
-                    if deadline and time.perf_counter() > deadline:
+                    if group_deadline and time.perf_counter() > group_deadline:
                         complete = False
                     elif not exhausted and room > 0 and (idle < _CONVERGED_AFTER or strategy == "exhaustive"):
                         cands = []
