@@ -201,9 +201,17 @@ def _tiny_tune(budget: int = 16):
 def test_the_top_plans_are_distinct_feasible_and_in_predicted_order():
     from service.measure.refine import top_plans
 
-    result = _tiny_tune()
+    result = _tiny_tune(32)
     top = top_plans(result, 4)
     assert len(top) == 4 and len({h for _, h, _ in top}) == 4
+    # Distinct as IREE compiles them: a plan differing from the best only in its loop kinds
+    # (IREE distributes level 0 itself) is the same measurement.
+    best = next(t for t in result.trials if t.plan_hash == top[0][1])
+    flip = {"for": "forall", "forall": "for"}
+    twin = best.plan | {"groups": [g | {"levels": [lv | {"loop": flip[lv["loop"]]} for lv in g["levels"]]} for g in best.plan["groups"]]}
+    assert twin != best.plan
+    result.trials.append(best.model_copy(update={"plan": twin, "plan_hash": "twin", "latency_s": best.latency_s * 1.0001}))
+    assert "twin" not in [h for _, h, _ in top_plans(result, 4)]
     assert [lat for _, _, lat in top] == sorted(lat for _, _, lat in top)
     feasible = sorted(t.latency_s for t in result.trials if t.stage == "cost" and t.feasible and t.plan["groups"])
     assert top[0][2] == feasible[0]

@@ -51,18 +51,27 @@ class Refinement(BaseModel):
 
 
 def top_plans(result: TuneResult, k: int) -> list[tuple[dict, str, float]]:
-    """The k distinct feasible plans with the lowest predicted latency: (plan, hash, latency)."""
-    seen: set[str] = set()
+    """The k feasible plans with the lowest predicted latency that IREE would compile
+    differently: (plan, hash, latency). The harness forces tile sizes only (IREE forms its own
+    dispatches and distributes level 0 itself), so plans that differ only in loop kinds or
+    fusion choices are one measurement."""
+    seen: set[tuple] = set()
     ranked = []
     for t in sorted((t for t in result.trials if t.stage == "cost" and t.feasible and t.plan and t.plan.get("groups")
                      and t.latency_s is not None), key=lambda t: t.latency_s):
-        if t.plan_hash in seen:
+        key = _as_measured(t.plan)
+        if key in seen:
             continue
-        seen.add(t.plan_hash)
+        seen.add(key)
         ranked.append((t.plan, t.plan_hash, t.latency_s))
         if len(ranked) == k:
             break
     return ranked
+
+
+def _as_measured(plan: dict) -> tuple:
+    """What IREE is forced to: each group's anchor and tile sizes per level."""
+    return tuple(sorted((g["anchor"], tuple(tuple(lv["tile_sizes"]) for lv in g["levels"])) for g in plan["groups"]))
 
 
 def refine(source: str, result: TuneResult, k: int, settings: BenchSettings = BenchSettings()) -> Refinement:
