@@ -427,3 +427,29 @@ def test_a_loop_nests_output_is_written_once() -> None:
             dram = nest.levels[0]
             assert dram.footprint_bytes == pytest.approx((1 + 1 + 8) << 20, rel=1e-3)
             assert dram.traffic_bytes == pytest.approx((1 + 1 + 8) << 20, rel=1e-3)
+
+
+def test_a_loop_that_computes_its_result_whole_still_writes_it() -> None:
+    """Counting a nest's output at its insert_slices must not lose the output of a loop that
+    has none (a pre-tiled input carrying a whole tensor through iter_args)."""
+    text = """
+#id = affine_map<(d0, d1) -> (d0, d1)>
+func.func @f(%x: tensor<1024x1024xf32>) -> tensor<1024x1024xf32> {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %c4 = arith.constant 4 : index
+  %r = scf.for %i = %c0 to %c4 step %c1 iter_args(%acc = %x) -> (tensor<1024x1024xf32>) {
+    %e = tensor.empty() : tensor<1024x1024xf32>
+    %y = linalg.generic {indexing_maps = [#id, #id], iterator_types = ["parallel", "parallel"]}
+        ins(%acc : tensor<1024x1024xf32>) outs(%e : tensor<1024x1024xf32>) {
+    ^bb0(%v: f32, %o: f32):
+      %n = arith.negf %v : f32
+      linalg.yield %n : f32
+    } -> tensor<1024x1024xf32>
+    scf.yield %y : tensor<1024x1024xf32>
+  }
+  return %r : tensor<1024x1024xf32>
+}"""
+    with context():
+        (nest,) = estimate_cost(parse_module(text), get_profile("host-cpu")).nests
+    assert nest.levels[0].footprint_bytes >= 4 << 20

@@ -867,10 +867,14 @@ def estimate_cost(
                 # A zero-sized iteration space reads and writes nothing.
                 if _is_tileable(op) and not any(c.points == 0 for c in root.computes):
                     # A standalone op reads whole operands, and its results land in main memory.
-                    # (A loop nest's results are its insert_slices into the destination: the
-                    # same bytes, counted once there.)
                     root.slices += [an.whole(an.resolve(o), root) for o in op.operands if _ranked(o) is not None]
                     root.slices += [an.whole(r, root, is_write=True) for r in op.results]
+                elif not _is_tileable(op):
+                    # A loop nest's results are its insert_slices into their destinations,
+                    # counted there; only a result computed without any lands whole.
+                    written = {s.source for n in root.subtree() for s in n.slices if s.is_write}
+                    root.slices += [an.whole(r, root, is_write=True) for r, init in zip(op.results, _dps_inits(op))
+                                    if an.resolve(init) not in written]
                 # Inputs produced by an earlier nest went through main memory (un-fused).
                 for s in _outside_slices(root, an):
                     if not s[0].is_write and s[0].source in produced_by_nest:
