@@ -43,15 +43,15 @@ _PLANS_PER_TASK = 2
 # strategy proposes (mlp_chain, TPE, budget 200: 16 a round after the first 64 proposals raises
 # evaluations/s by ~15%, and best-at-50 is as good as with 8 throughout; README).
 _BATCH_SMALL, _BATCH_LARGE, _BATCH_GROWS_AFTER = 8, 16, 64
-
-
-def _batch_size(proposed: int) -> int:
-    return _BATCH_SMALL if proposed < _BATCH_GROWS_AFTER else _BATCH_LARGE
 _CONVERGED_AFTER = 200  # suggestions in a row without a new plan: the strategy has converged
 # Workers yield to the strategy process (measured on 2 cores, mlp_chain TPE: ~160 evals/s at
 # niceness 0, ~200 at 15). They are the search's own helpers and die with it; under outside
 # load they also yield to it, as a background autotuner should.
 _WORKER_NICENESS = 15
+
+
+def _batch_size(proposed: int) -> int:
+    return _BATCH_SMALL if proposed < _BATCH_GROWS_AFTER else _BATCH_LARGE
 
 
 # --------------------------------------------------------------------------- worker side
