@@ -670,7 +670,6 @@ def _search(
                     group_deadline = now + max(0.0, deadline - now) * shares[spec.name] / left
                 twin = twins.get(_knob_shape(spec, graph))
                 warm = warm_by_group[spec.name] + ([_translate(twin, spec)] if twin else [])
-                strat = make_strategy(strategy, spec.knobs(), seed + gi, warm, identity=spec.identity)
                 scope = None
                 if len(spec.ops) < len(graph.ops) and spec.name in context:
                     # The group alone on an extract of its ops: cheaper evaluations, same scores.
@@ -711,6 +710,12 @@ def _search(
                         (start,) = evaluator.evaluate([(Candidate(params={}, source="context"), start_plan)])
                         if start.latency_s is not None:
                             group_best = (judged(start), context[spec.name])
+                if group_best is None or not group_best[0].feasible:
+                    # The start does not fit: the plan with the smallest footprint first. When any
+                    # plan fits, this one most likely does, and TPE then has a feasible region to
+                    # learn from (a ResNet block on a 256 KiB scratchpad: none of 600 otherwise).
+                    warm.append(spec.smallest_params())
+                strat = make_strategy(strategy, spec.knobs(), seed + gi, warm, identity=spec.identity)
 
                 def finish(batch_pending) -> None:
                     nonlocal group_best

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import math
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from service.hardware.cost import DEFAULT_DYNAMIC_EXTENT
@@ -241,9 +242,17 @@ class GroupSpec:
 
     def default_params(self) -> dict:
         """A modest starting point: 64-wide distribution tiles, everything optional fused."""
+        return self._one_level_params(lambda tiles: min(tiles, key=lambda s: abs(s - 64)))
+
+    def smallest_params(self) -> dict:
+        """The smallest footprint: the smallest distribution tile on every dim, one level,
+        everything optional fused (its intermediates stay inside the tile)."""
+        return self._one_level_params(min)
+
+    def _one_level_params(self, pick: Callable[[list[int]], int]) -> dict:
         p: dict = {}
         for d, c in self.outer_choices.items():
-            p[f"{self.name}.outer.d{d}"] = min([s for s in c if s] or c, key=lambda s: abs(s - 64))
+            p[f"{self.name}.outer.d{d}"] = pick([s for s in c if s] or c)
         p[f"{self.name}.outer.loop"] = "forall"
         for d, c in self.inner_choices.items():
             p[f"{self.name}.inner.d{d}"] = 0
