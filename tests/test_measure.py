@@ -195,7 +195,7 @@ def _tiny_tune(budget: int = 16):
     from service.hardware.profiles import get_profile
     from service.search.engine import tune
 
-    return tune(TINY_MATMUL, get_profile("host-cpu"), budget=budget, strategy="random", seed=0, workers=1)
+    return tune(TINY_MATMUL, get_profile("host-cpu"), budget=budget, strategy="random", seed=0, workers=0)
 
 
 def test_the_top_plans_are_distinct_feasible_and_in_predicted_order():

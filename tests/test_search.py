@@ -32,10 +32,10 @@ def evaluated_plans(result) -> list[Plan]:
 
 
 def test_same_seed_same_search(host):
-    runs = [tune(source("matmul_1024"), host, budget=16, strategy="tpe", seed=7, workers=1) for _ in range(2)]
+    runs = [tune(source("matmul_1024"), host, budget=16, strategy="tpe", seed=7, workers=0) for _ in range(2)]
     assert [t.plan_hash for t in runs[0].trials] == [t.plan_hash for t in runs[1].trials]
     assert runs[0].plan == runs[1].plan
-    other = tune(source("matmul_1024"), host, budget=16, strategy="tpe", seed=8, workers=1)
+    other = tune(source("matmul_1024"), host, budget=16, strategy="tpe", seed=8, workers=0)
     assert [t.plan_hash for t in other.trials] != [t.plan_hash for t in runs[0].trials]
 
 
@@ -43,19 +43,19 @@ def test_process_pool_does_not_change_the_search(host):
     # Results are told in suggestion order, so the pool's completion order does not matter.
     # 96: past the first 64 proposals, where rounds grow from 8 to 16 candidates.
     pooled = tune(source("matmul_1024"), host, budget=96, strategy="tpe", seed=1, workers=2)
-    serial = tune(source("matmul_1024"), host, budget=96, strategy="tpe", seed=1, workers=1)
+    serial = tune(source("matmul_1024"), host, budget=96, strategy="tpe", seed=1, workers=0)
     assert [t.plan_hash for t in pooled.trials] == [t.plan_hash for t in serial.trials]
     assert pooled.plan == serial.plan and pooled.evaluations == serial.evaluations
 
 
 def test_nsga2_runs_and_keeps_footprints(host):
-    r = tune(source("matmul_1024"), host, budget=16, strategy="nsga2", seed=0, workers=1)
+    r = tune(source("matmul_1024"), host, budget=16, strategy="nsga2", seed=0, workers=0)
     costed = [t for t in r.trials if t.stage == "cost"]
     assert r.feasible and all(t.peak_footprint_bytes is not None for t in costed)
 
 
 def test_identical_candidates_evaluated_once(host):
-    r = tune(source("softmax"), host, budget=20, strategy="random", seed=0, workers=1)
+    r = tune(source("softmax"), host, budget=20, strategy="random", seed=0, workers=0)
     hashes = [t.plan_hash for t in r.trials if t.plan_hash and not t.cached]
     assert len(hashes) == len(set(hashes)) == r.evaluations
 
@@ -65,7 +65,7 @@ def test_fuse_groups_never_split(host):
     members = set(graph.fuse_groups[1])
     space = build_space(graph, host)
     assert any(set([g.anchor, *g.fixed]) >= members for g in space.groups)
-    r = tune(source("fuse_group"), host, budget=20, strategy="tpe", seed=0, workers=1)
+    r = tune(source("fuse_group"), host, budget=20, strategy="tpe", seed=0, workers=0)
     for plan in evaluated_plans(r) + [Plan.model_validate(r.plan)]:
         for g in plan.groups:
             inside = members & set(g.members)
@@ -79,7 +79,7 @@ def test_multi_consumer_producer_is_tiled_or_charged(host):
     grp = next(g for g in space.groups if 0 in g.optional)
     assert grp.outside_consumers[0] == [1]
     assert any("also feeds" in n for n in grp.notes)
-    r = tune(source("multi_consumer"), host, budget=20, strategy="tpe", seed=0, workers=1)
+    r = tune(source("multi_consumer"), host, budget=20, strategy="tpe", seed=0, workers=0)
     # (The engine's probes of one standalone tiling alone are not candidates.)
     costed = [t for t in r.trials if t.stage == "cost" and t.plan and t.plan["groups"] and t.source != "standalone"]
     assert costed
@@ -98,13 +98,13 @@ def test_supertiling_baseline_is_scored(host):
     plan, _ = supertiling_plan(graph, host, build_space(graph, host).shapes)
     assert [g.anchor for g in plan.groups] == [1]
     assert plan.groups[0].levels[0].tile_sizes[0] == 0 and plan.groups[0].levels[0].tile_sizes[1] > 0
-    r = tune(source("matmul_1024"), host, budget=10, strategy="supertiling", workers=1)
+    r = tune(source("matmul_1024"), host, budget=10, strategy="supertiling", workers=0)
     assert r.baseline["latency_s"] and r.baseline["plan"] == r.trials[0].plan
 
 
 def test_feasible_plan_found_when_untiled_is_not():
     npu = get_profile("npu-sram-256k")
-    r = tune(source("matmul_1024"), npu, budget=24, strategy="tpe", seed=0, workers=1)
+    r = tune(source("matmul_1024"), npu, budget=24, strategy="tpe", seed=0, workers=0)
     assert not r.untiled["feasible"]
     assert r.feasible and r.plan["groups"]
 
@@ -115,23 +115,23 @@ def test_says_so_when_nothing_is_feasible():
         npu.memory_levels[0],
         MemoryLevel(name="SRAM", capacity_bytes=64, bandwidth_bytes_per_s=512e9, shared=True, scratchpad=True),
     ]})
-    r = tune(source("matmul_1024"), tiny, budget=8, strategy="random", seed=0, workers=1)
+    r = tune(source("matmul_1024"), tiny, budget=8, strategy="random", seed=0, workers=0)
     assert not r.feasible
     assert any("no feasible plan" in w for w in r.warnings)
     assert r.summary()["predicted"]["feasible"] is False
 
 
 def test_dynamic_shapes_without_hints_warn(host):
-    r = tune(source("dynamic_matmul"), host, budget=8, strategy="random", workers=1)
+    r = tune(source("dynamic_matmul"), host, budget=8, strategy="random", workers=0)
     assert any("without a shape hint: arg0 dim 0" in w and "assumed 128" in w for w in r.warnings)
     assert r.plan["groups"]
 
 
 def test_dynamic_shapes_with_hint_and_buckets(host):
-    r = tune(source("dynamic_matmul"), host, budget=8, strategy="random", workers=1, shape_hints=["arg0=512x1024"])
+    r = tune(source("dynamic_matmul"), host, budget=8, strategy="random", workers=0, shape_hints=["arg0=512x1024"])
     assert r.shape_hints == {"arg0": [512, 1024]}
     assert not any("without a shape hint" in w for w in r.warnings)
-    b = tune(source("dynamic_matmul"), host, budget=16, strategy="random", workers=1, buckets=["M=16,1024"])
+    b = tune(source("dynamic_matmul"), host, budget=16, strategy="random", workers=0, buckets=["M=16,1024"])
     assert [x.value for x in b.buckets] == [16, 1024]
     assert [x.shape_hints["arg0"][0] for x in b.buckets] == [16, 1024]
     assert [(d["min_exclusive"], d["max_inclusive"]) for d in b.dispatch] == [(None, 16), (16, None)]
@@ -176,7 +176,7 @@ def test_knob_values_become_valid_plans(host, name):
 def test_tpe_does_not_repeat_plans(host):
     # A converging TPE re-proposes its favourite; with the plan identity it proposes a new
     # neighbour instead, so (almost) every suggestion is a new evaluation.
-    r = tune(source("matmul_1024"), host, budget=120, strategy="tpe", seed=0, workers=1)
+    r = tune(source("matmul_1024"), host, budget=120, strategy="tpe", seed=0, workers=0)
     searched = [t for t in r.trials if t.source == "tpe"]
     assert r.evaluations == 120
     assert sum(t.cached for t in searched) <= 3
@@ -226,7 +226,7 @@ def test_a_group_scored_on_its_extract_scores_as_on_the_whole_module(host, name)
 
 def test_multi_group_search_uses_extracts_and_reports_the_whole_module(host):
     src = source("softmax")
-    r = tune(src, host, budget=40, strategy="random", seed=0, workers=1)
+    r = tune(src, host, budget=40, strategy="random", seed=0, workers=0)
     scoped = [t for t in r.trials if t.cost and "scope" in t.cost]
     assert {t.cost["scope"]["group"] for t in scoped} == {f"g{g['anchor']}" for g in r.groups}
     # The returned plan's breakdown is the whole module's: every op, every nest.
@@ -244,7 +244,7 @@ def test_a_group_whose_extract_fails_is_searched_on_the_whole_module(host, monke
         raise RuntimeError("worker died")
 
     monkeypatch.setattr(engine, "prepare_scope", crash)
-    r = tune(source("softmax"), host, budget=30, strategy="random", seed=0, workers=1)
+    r = tune(source("softmax"), host, budget=30, strategy="random", seed=0, workers=0)
     assert r.predicted["feasible"] and r.evaluations == 30
     assert not [t for t in r.trials if t.cost and "scope" in t.cost]
     assert any("searched on the whole module: building the extract failed" in w for w in r.warnings)
@@ -293,7 +293,7 @@ func.func @f(%x: tensor<12x128x64xf32>, %y: tensor<12x128x64xf32>, %w: tensor<76
 
 
 def test_a_group_whose_starting_tiling_does_not_apply_starts_untiled(host):
-    r = tune(_HEAD_MERGES, host, budget=60, strategy="random", seed=0, workers=1)
+    r = tune(_HEAD_MERGES, host, budget=60, strategy="random", seed=0, workers=0)
     assert r.feasible and {g["anchor"] for g in r.plan["groups"]} == {2, 5}
     assert r.predicted["latency_s"] < r.untiled["latency_s"]
     assert any("starts untiled: its starting tiling does not apply" in w for w in r.warnings)
@@ -314,7 +314,7 @@ func.func @mlp2(%x: tensor<256x1024xf32>, %w0: tensor<1024x1024xf32>, %w1: tenso
   %m1 = linalg.matmul ins(%m0, %w1 : tensor<256x1024xf32>, tensor<1024x1024xf32>) outs(%a1 : tensor<256x1024xf32>) -> tensor<256x1024xf32>
   return %m1 : tensor<256x1024xf32>
 }"""
-    r = tune(src, npu, budget=60, strategy="random", seed=0, workers=1)
+    r = tune(src, npu, budget=60, strategy="random", seed=0, workers=0)
     assert r.feasible and len(r.plan["groups"]) == 2
     nests = r.predicted["nests"]
     assert not any(n["reasons"] for n in nests)
@@ -339,7 +339,7 @@ func.func @zero(%x: tensor<0x512xf32>, %w: tensor<512x256xf32>, %acc: tensor<0x2
 
 def test_a_module_with_nothing_to_tile_says_so(host):
     r = tune("func.func @f(%x: f32) -> f32 {\n  %y = arith.addf %x, %x : f32\n  return %y : f32\n}", host,
-             budget=10, strategy="random", seed=0, workers=1)
+             budget=10, strategy="random", seed=0, workers=0)
     assert r.plan == {"groups": []} and r.predicted["latency_s"] == 0
     assert any(w.startswith("nothing to tile") for w in r.warnings)
 
@@ -349,7 +349,7 @@ def test_a_two_function_module_fits_the_scratchpad():
     untiled ops: their overflow made every plan infeasible on npu-sram-256k."""
     from test_ir_extract import _TWO_FUNCTIONS
 
-    r = tune(_TWO_FUNCTIONS, get_profile("npu-sram-256k"), budget=60, strategy="random", seed=0, workers=1)
+    r = tune(_TWO_FUNCTIONS, get_profile("npu-sram-256k"), budget=60, strategy="random", seed=0, workers=0)
     assert r.feasible and {g["anchor"] for g in r.plan["groups"]} == {1, 2}
 
 
@@ -368,7 +368,7 @@ func.func @concat_mm(%x: tensor<256x512xf32>, %w1: tensor<512x384xf32>, %w2: ten
   %cat = tensor.concat dim(1) %m1, %m2 : (tensor<256x384xf32>, tensor<256x640xf32>) -> tensor<256x1024xf32>
   return %cat : tensor<256x1024xf32>
 }"""
-    r = tune(src, get_profile("npu-sram-256k"), budget=60, strategy="random", seed=0, workers=1)
+    r = tune(src, get_profile("npu-sram-256k"), budget=60, strategy="random", seed=0, workers=0)
     assert {g["anchor"] for g in r.plan["groups"]} == {1, 3}
     assert any("op 4 (tensor.concat) does not fit memory but MLIR cannot tile it on its own" in w for w in r.warnings)
     assert sum(t.stage == "cost" for t in r.trials) > 20
@@ -379,7 +379,7 @@ func.func @concat_mm(%x: tensor<256x512xf32>, %w1: tensor<512x384xf32>, %w2: ten
 
 
 def test_groups_the_budget_never_reaches_are_named_once(host):
-    r = tune(source("softmax"), host, budget=3, strategy="random", seed=0, workers=1)
+    r = tune(source("softmax"), host, budget=3, strategy="random", seed=0, workers=0)
     assert any("groups were not searched (the budget ran out first)" in w for w in r.warnings), r.warnings
     assert not any("none of its candidates could be applied" in w for w in r.warnings)
 
@@ -389,7 +389,7 @@ def test_an_infeasible_answer_carries_its_reasons_in_the_cli_summary():
     src = ("func.func @f(%a: tensor<256x384xf32>, %b: tensor<256x640xf32>) -> tensor<256x1024xf32> {\n"
            "  %c = tensor.concat dim(1) %a, %b : (tensor<256x384xf32>, tensor<256x640xf32>) -> tensor<256x1024xf32>\n"
            "  return %c : tensor<256x1024xf32>\n}")
-    summary = tune(src, npu, budget=10, strategy="random", seed=0, workers=1).summary()
+    summary = tune(src, npu, budget=10, strategy="random", seed=0, workers=0).summary()
     assert summary["predicted"]["feasible"] is False
     assert any("SRAM overflow" in r and "tensor.concat" in r for r in summary["predicted"]["reasons"])
 
@@ -400,7 +400,7 @@ func.func @zero(%x: tensor<0x512xf32>, %w: tensor<512x256xf32>, %acc: tensor<0x2
   %m = linalg.matmul ins(%x, %w : tensor<0x512xf32>, tensor<512x256xf32>) outs(%acc : tensor<0x256xf32>) -> tensor<0x256xf32>
   return %m : tensor<0x256xf32>
 }"""
-    r = tune(src, get_profile("npu-sram-256k"), budget=10, strategy="random", seed=0, workers=1)
+    r = tune(src, get_profile("npu-sram-256k"), budget=10, strategy="random", seed=0, workers=0)
     assert r.feasible and not any("cannot tile it on its own" in w for w in r.warnings)
 
 
@@ -423,7 +423,7 @@ func.func @f(%a: tensor<1024x1024xf32>, %b: tensor<1024x1024xf32>) -> tensor<102
   } -> tensor<1024xf32>
   return %s : tensor<1024xf32>
 }"""
-    r = tune(src, host, budget=100, strategy="random", seed=0, workers=1)
+    r = tune(src, host, budget=100, strategy="random", seed=0, workers=0)
     per_group = Counter(t.cost["scope"]["group"] for t in r.trials if t.source == "random" and t.cost and "scope" in t.cost)
     assert set(per_group) == {"g1", "g3"}
     assert per_group["g1"] > 1.3 * per_group["g3"], per_group
@@ -446,7 +446,7 @@ def _group_trials(result, group: str) -> list:
 def test_a_repeated_layer_starts_from_its_twins_best(host):
     """Encoder blocks repeat: a group with the same anchor op and knobs as one already searched
     first tries that group's best (m10b, 6 layers, budget 200: 18% faster plan)."""
-    r = tune(_two_layers(), host, budget=40, strategy="random", seed=0, workers=1)
+    r = tune(_two_layers(), host, budget=40, strategy="random", seed=0, workers=0)
     first = {g["anchor"]: g for g in r.plan["groups"]}[1]
     tried_first = {g["anchor"]: g for g in _group_trials(r, "g4")[0].plan["groups"]}[4]
     assert tried_first["levels"] == first["levels"]
@@ -457,7 +457,7 @@ def test_coordinate_descent_never_moves_a_group_to_a_worse_tiling(host):
     """The next group is searched around the best tiling of this one seen so far, its starting
     tiling included: here (seed 0, budget 40) nothing g1's search proposed beat g1's start, and
     g4 was once searched around the best of those proposals instead."""
-    r = tune(_two_layers(), host, budget=40, strategy="random", seed=0, workers=1)
+    r = tune(_two_layers(), host, budget=40, strategy="random", seed=0, workers=0)
     g4 = _group_trials(r, "g4")
     before = r.trials[:r.trials.index(g4[0])]
     best = min((t for t in before if t.stage == "cost" and t.feasible), key=lambda t: t.latency_s)
@@ -514,14 +514,14 @@ def test_a_dynamic_dim_is_always_tiled_at_the_outer_level(host):
     (spec,) = build_space(graph, host, {"arg0": [512, 1024]}).groups
     assert 0 not in spec.outer_choices[0] and 512 in spec.outer_choices[0]
     assert 0 in spec.outer_choices[1]  # N is static: untiled stays a choice
-    r = tune(source("dynamic_matmul"), host, budget=24, strategy="random", seed=0, workers=1, shape_hints=["arg0=512x1024"])
+    r = tune(source("dynamic_matmul"), host, budget=24, strategy="random", seed=0, workers=0, shape_hints=["arg0=512x1024"])
     assert all(t.plan["groups"][0]["levels"][0]["tile_sizes"][0] > 0 for t in r.trials if t.source == "random" and t.plan and t.plan["groups"])
 
 
 def test_a_time_limit_is_shared_by_the_groups(host):
     """With --seconds and a budget it cannot reach, the first group once spent all the time and
     left the others unsearched: a larger budget gave a worse plan (an FFN: 7.76 ms vs 5.33)."""
-    r = tune(_two_layers(), host, budget=100_000, seconds=3, strategy="tpe", seed=0, workers=1)
+    r = tune(_two_layers(), host, budget=100_000, seconds=3, strategy="tpe", seed=0, workers=0)
     assert not r.complete
     assert not any("were not searched" in w for w in r.warnings), r.warnings
     per_group = Counter(k.split(".")[0] for t in r.trials if t.source == "tpe" for k in list(t.params)[:1])
@@ -574,7 +574,27 @@ def test_a_plan_that_fits_is_found_when_the_start_does_not():
     256 KiB scratchpad: the start (64-wide tiles) overflows and so did all of 600 TPE candidates;
     the smallest-footprint plan, tried first when the start does not fit, does fit."""
     npu = get_profile("npu-sram-256k")
-    r = tune(_RESNET_BLOCK, npu, budget=24, strategy="tpe", seed=0, workers=1)
+    r = tune(_RESNET_BLOCK, npu, budget=24, strategy="tpe", seed=0, workers=0)
     assert r.feasible, r.predicted.get("reasons")
     start = next(t for t in r.trials if t.source == "default")
     assert not start.feasible
+
+
+def test_a_plan_that_crashes_mlir_costs_that_plan_even_with_one_worker(tmp_path):
+    """One fill feeding both convs of a ResNet block: the super-tiling baseline's plan crashes
+    MLIR (segfault). `tune --workers 1` evaluated in its own process and died with it; every
+    CLI search now evaluates in worker processes (in-process is workers=0, for the API's jobs,
+    which are isolated themselves)."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    module = tmp_path / "resnet_shared_fill.mlir"
+    module.write_text(_RESNET_BLOCK.replace("outs(%f2 :", "outs(%f :"))
+    tilesearch = str(Path(sys.executable).with_name("tilesearch"))
+    run = subprocess.run([tilesearch, "tune", str(module), "--hardware", "npu-sram-256k", "--budget", "16",
+                          "--workers", "1", "--json"], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    warnings = json.loads(run.stdout)["warnings"]
+    assert any("super-tiling baseline could not be applied" in w for w in warnings), warnings

@@ -274,7 +274,8 @@ class GroupScope:
 
 
 class Evaluator:
-    """Cache by plan hash in front of a process pool (or in-process when workers <= 1)."""
+    """Cache by plan hash in front of a pool of `workers` processes, or in this process when
+    workers is 0 (no crash isolation: for callers already isolated, like the API's jobs)."""
 
     def __init__(self, source: str, hardware: HardwareModel, shape_hints: dict, workers: int) -> None:
         self.source = source
@@ -284,7 +285,7 @@ class Evaluator:
         self.in_flight: set[str] = set()
         self.evaluations = 0
         self.sandbox = None
-        if workers > 1:
+        if workers >= 1:
             from service.ir.sandbox import Sandbox
 
             self.sandbox = Sandbox(workers)
@@ -835,6 +836,8 @@ def tune(
     """Search tile-and-fuse plans for `source_text` on `hardware`.
 
     budget: distinct plans to evaluate; seconds: wall-clock limit (complete=False when hit).
+    workers: evaluation processes (MLIR can crash or hang on a plan: in a worker that costs the
+    plan, not the search); 0 evaluates in this process, for callers that are isolated already.
     With buckets, each bucket is searched with its share of the budget and the result carries
     per-bucket plans and a dispatch table (the top-level plan is the largest bucket's).
     """
