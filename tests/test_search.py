@@ -204,15 +204,15 @@ def test_a_group_scored_on_its_extract_scores_as_on_the_whole_module(host, name)
     rng = random.Random(0)
     compared = 0
     for spec in space.groups:
-        (ctx,) = Evaluator(src, host, {}, 1).evaluate([(Candidate({}, "context"), plan_of(context))])
-        scope = Evaluator(src, host, {}, 1).group_scope(spec.name, spec.ops, ctx)
+        (ctx,) = Evaluator(src, host, {}, 0).evaluate([(Candidate({}, "context"), plan_of(context))])
+        scope = Evaluator(src, host, {}, 0).group_scope(spec.name, spec.ops, ctx)
         assert isinstance(scope, GroupScope), scope
         for _ in range(12):
             plan = plan_of({**context, spec.name: {k.name: rng.choice(k.choices) for k in spec.knobs()}})
             if isinstance(plan, str) or not scope.covers(plan):
                 continue
-            (whole,) = Evaluator(src, host, {}, 1).evaluate([(Candidate({}, "whole"), plan)])
-            alone = Evaluator(src, host, {}, 1)
+            (whole,) = Evaluator(src, host, {}, 0).evaluate([(Candidate({}, "whole"), plan)])
+            alone = Evaluator(src, host, {}, 0)
             (scoped,) = alone.collect(alone.submit([(Candidate({}, "scoped"), plan)], scope))
             if whole.stage != "cost":
                 continue

@@ -273,11 +273,18 @@ class GroupScope:
         return {**r, "latency_s": latency, "feasible": feasible, "reason": "; ".join(reasons) or None, "cost": cost}
 
 
-class Evaluator:
-    """Cache by plan hash in front of a pool of `workers` processes, or in this process when
-    workers is 0 (no crash isolation: for callers already isolated, like the API's jobs)."""
+# Evaluation pools kept for the life of this process, by worker count, for callers that search
+# again and again (the API's job workers): starting a pool costs ~3 s a search.
+_KEPT_POOLS: dict[int, Any] = {}
 
-    def __init__(self, source: str, hardware: HardwareModel, shape_hints: dict, workers: int) -> None:
+
+class Evaluator:
+    """Cache by plan hash in front of a pool of `workers` processes (started for this search, or
+    with `keep_pool` the process's kept one), or in this process when workers is 0 (no crash
+    isolation)."""
+
+    def __init__(self, source: str, hardware: HardwareModel, shape_hints: dict, workers: int,
+                 keep_pool: bool = False) -> None:
         self.source = source
         self.hardware_json = hardware.canonical_json()
         self.hints = shape_hints
@@ -285,17 +292,32 @@ class Evaluator:
         self.in_flight: set[str] = set()
         self.evaluations = 0
         self.sandbox = None
+        self.owns_pool = not keep_pool
         if workers >= 1:
             from service.ir.sandbox import Sandbox
 
-            self.sandbox = Sandbox(workers)
-            futures = [self.sandbox.submit(_warm_up, source, self.hardware_json, timeout=_TASK_TIMEOUT_S) for _ in range(workers)]
-            for f in futures:
-                f.result()
+            if keep_pool:
+                self.sandbox = _KEPT_POOLS.get(workers) or _KEPT_POOLS.setdefault(workers, Sandbox(workers))
+            else:
+                self.sandbox = Sandbox(workers)
+            try:
+                self._warm_up(workers)
+            except Exception:
+                if self.owns_pool:
+                    raise
+                # The kept pool broke (a crash pebble could not recover from): start a new one.
+                _KEPT_POOLS.pop(workers, None).close()
+                self.sandbox = _KEPT_POOLS[workers] = Sandbox(workers)
+                self._warm_up(workers)
         self.workers = workers
 
+    def _warm_up(self, workers: int) -> None:
+        futures = [self.sandbox.submit(_warm_up, self.source, self.hardware_json, timeout=_TASK_TIMEOUT_S) for _ in range(workers)]
+        for f in futures:
+            f.result()
+
     def close(self) -> None:
-        if self.sandbox is not None:
+        if self.sandbox is not None and self.owns_pool:
             self.sandbox.close()
 
     def _dispatch(self, plans: list[dict], scope: list[int] | None = None) -> list:
@@ -490,6 +512,7 @@ def _search(
     warm_start_plans: list[dict] | None,
     workers: int,
     progress: ProgressFn | None,
+    keep_pool: bool = False,
 ) -> TuneResult:
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}")
@@ -505,7 +528,7 @@ def _search(
         warnings.insert(0, f"dynamic dims without a shape hint: {', '.join(space.shapes.defaulted)}; each is assumed "
                            f"{DEFAULT_DYNAMIC_EXTENT}; pass --shape-hint argN=AxB or --bucket NAME=v1,v2,... for plans "
                            "that match your shapes")
-    evaluator = Evaluator(source, hardware, shape_hints, workers)
+    evaluator = Evaluator(source, hardware, shape_hints, workers, keep_pool)
     trials: list[Evaluation] = []
     best: Evaluation | None = None
 
@@ -832,12 +855,14 @@ def tune(
     warm_start_plans: list[dict] | None = None,
     workers: int = 2,
     progress: ProgressFn | None = None,
+    keep_pool: bool = False,
 ) -> TuneResult:
     """Search tile-and-fuse plans for `source_text` on `hardware`.
 
     budget: distinct plans to evaluate; seconds: wall-clock limit (complete=False when hit).
     workers: evaluation processes (MLIR can crash or hang on a plan: in a worker that costs the
     plan, not the search); 0 evaluates in this process, for callers that are isolated already.
+    keep_pool: evaluate in this process's kept pool (started once) instead of a new one.
     With buckets, each bucket is searched with its share of the budget and the result carries
     per-bucket plans and a dispatch table (the top-level plan is the largest bucket's).
     """
@@ -846,7 +871,8 @@ def tune(
     # Checked before any search: a hint or bucket the module cannot use is the caller's mistake.
     analysis = analyze(source_text) if hints or bucket_map else None
     arguments = check_shapes(analysis.module, analysis.graph, hints, bucket_map) if analysis else []
-    common = dict(strategy=strategy, seed=seed, warm_start_plans=warm_start_plans, workers=workers, progress=progress)
+    common = dict(strategy=strategy, seed=seed, warm_start_plans=warm_start_plans, workers=workers, progress=progress,
+                  keep_pool=keep_pool)
     if analysis is None or not bucket_map:
         return _search(source_text, hardware, budget=budget, seconds=seconds, shape_hints=hints, **common)
     (name, values), = bucket_map.items()

@@ -146,8 +146,9 @@ def search_and_realise(source: str, hardware_json: str, params: dict) -> dict:
     hardware = HardwareModel.model_validate_json(hardware_json)
     graph = cached_analysis(source).graph
     warm = warm_start_plans(graph, params.pop("warm_start_groups", []))
-    # In this job's process (workers=0): the job itself is the API's isolation.
-    result = tune(source, hardware, workers=0, warm_start_plans=warm or None, **params)
+    # Plans are evaluated in a worker this job process keeps (pebble's workers may start
+    # processes): a plan that crashes MLIR costs that plan, as in the CLI, not the request.
+    result = tune(source, hardware, workers=1, keep_pool=True, warm_start_plans=warm or None, **params)
     plan = result.plan
     realised = apply_plan_to_text(source, plan) if plan.get("groups") else {
         "tiled_module": None, "transform_script": None, "origin": None}
