@@ -188,3 +188,18 @@ def test_one_bucketed_dim_per_search():
         check_search_shapes(DYNAMIC_MATMUL, None, {"M": [1, 16], "arg0.0": [2, 4]})
     with pytest.raises(ShapeHintError, match="one bucketed dim per search"):
         tune(DYNAMIC_MATMUL, get_profile("host-cpu"), budget=4, workers=0, buckets=["M=1,16", "arg0.0=2,4"])
+
+
+def test_a_bucket_over_a_hinted_dim_says_it_wins():
+    """`--bucket M=... --shape-hint arg0=...` on the same dim: the bucket values are used, and
+    the answer says so (it did silently)."""
+    from service.hardware.profiles import get_profile
+    from service.search.engine import tune
+
+    src = (WORKLOADS / "dynamic_matmul.mlir").read_text()
+    host = get_profile("host-cpu")
+    both = tune(src, host, budget=8, strategy="random", workers=0, shape_hints=["arg0=64x1024"], buckets=["M=1,16"])
+    assert any("--bucket M sizes arg0 dim 0, which a shape hint gave too" in w for w in both.warnings), both.warnings
+    assert [b.shape_hints["arg0"][0] for b in both.buckets] == [1, 16]
+    alone = tune(src, host, budget=8, strategy="random", workers=0, buckets=["M=1,16"])
+    assert not any("shape hint gave too" in w for w in alone.warnings)

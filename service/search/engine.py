@@ -28,7 +28,7 @@ from service.ir.plan import Group, Plan
 from service.ir.transform import check_plan
 
 from .candidate import Candidate, Evaluation
-from .shapes import bucket_hints, check_shapes, parse_buckets, parse_shape_hints
+from .shapes import bucket_hints, bucketed_dims, check_shapes, parse_buckets, parse_shape_hints
 from .space import DEFAULT_DYNAMIC_EXTENT, SPACE_VERSION, GroupSpec, build_space, complete_plan
 from .strategies import STRATEGIES, SuperTilingStrategy, make_strategy, supertiling_plan
 
@@ -894,6 +894,10 @@ def tune(
     total_evals = sum(r.evaluations for _, r in results)
     total_s = sum(r.elapsed_s for _, r in results)
     warnings = sorted({w for _, r in results for w in r.warnings})
+    overridden = [f"arg{i} dim {d}" for i, d in bucketed_dims(graph, name) if f"arg{i}" in hints]
+    if overridden:
+        warnings.append(f"--bucket {name} sizes {', '.join(overridden)}, which a shape hint gave too: the bucket "
+                        "values are used there")
     return top.model_copy(update={
         "evaluations": total_evals,
         "evaluations_per_s": total_evals / max(total_s, 1e-9),

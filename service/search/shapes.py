@@ -236,15 +236,20 @@ def check_shapes(module: ir.Module, graph: OpGraph, hints: dict[str, list[int]],
 # --------------------------------------------------------------------------- buckets
 
 
+def bucketed_dims(graph: OpGraph, name: str) -> list[tuple[int, int]]:
+    """(argument index, dim) of each dynamic dim the bucket `name` sizes: `argN` (its dynamic
+    dims), `argN.D` (one dim), or any other label (every dynamic dim of the module, e.g. M for
+    a token count)."""
+    match = _ARG_DIM.fullmatch(name)
+    return [(index, dim) for index, dim in _bucketable(graph)
+            if not match or (int(match.group(1)) == index and (match.group(2) is None or int(match.group(2)) == dim))]
+
+
 def bucket_hints(graph: OpGraph, arguments: list[Argument], name: str, value: int,
                  base: dict[str, list[int]]) -> dict[str, list[int]]:
-    """Shape hints for one bucket: `name` is `argN` (its dynamic dims), `argN.D` (one dim), or any
-    other label (every dynamic dim of the module, e.g. M for a token count)."""
+    """Shape hints for one bucket: `base` with every dim the bucket sizes set to `value`."""
     hints = {k: list(v) for k, v in base.items()}
-    match = _ARG_DIM.fullmatch(name)
-    for index, dim in _bucketable(graph):
-        if match and (int(match.group(1)) != index or (match.group(2) is not None and int(match.group(2)) != dim)):
-            continue
+    for index, dim in bucketed_dims(graph, name):
         key = f"arg{index}"
         full = hints.get(key) or _arg_shape(arguments, key, dim)
         full[dim] = value
