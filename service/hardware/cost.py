@@ -328,7 +328,22 @@ class _Analyzer:
         return v
 
     def slice_sizes(self, op) -> list[int]:
-        return self._static_or_int(op, "static_sizes", op.opview.sizes)
+        """Sizes of a tensor.extract_slice, dynamic ones as ints where known."""
+        return self.slice_operands(op, first=1)[2]
+
+    def slice_operands(self, op, first: int) -> tuple[list[int], list, list[int]]:
+        """(static offsets, dynamic offset values, sizes) of a slice op. Its offset and size
+        operands follow its first `first` operands (the source, and the dest of an insert), one
+        per dynamic entry of static_offsets / static_sizes: read directly, without an OpView and
+        its segment-size attribute (the cost model's hottest path, ~17 slices per plan)."""
+        operands = list(op.operands)
+        static_offsets = list(ir.DenseI64ArrayAttr(op.attributes["static_offsets"]))
+        static_sizes = list(ir.DenseI64ArrayAttr(op.attributes["static_sizes"]))
+        n_offsets = sum(1 for s in static_offsets if s == DYNAMIC)
+        n_sizes = sum(1 for s in static_sizes if s == DYNAMIC)
+        dynamic_offsets = operands[first:first + n_offsets]
+        sizes = self._mixed_ints(static_sizes, operands[first + n_offsets:first + n_offsets + n_sizes])
+        return static_offsets, dynamic_offsets, sizes
 
     def _static_or_int(self, op, attr: str, dynamic_values) -> list[int]:
         """An op's mixed static/dynamic list (sizes, pads), dynamic entries as static ints where
@@ -451,17 +466,7 @@ class _Analyzer:
                     self.add_whole_reads(node, op)
 
     def add_slice(self, node: Node, op, source: ir.Value, tile: ir.Value, is_write: bool) -> None:
-        # The offset and size operands follow the source (and dest) in the operand list, one per
-        # dynamic entry of static_offsets / static_sizes: read directly, without an OpView and
-        # its segment-size attribute (the cost model's hottest path, ~17 slices per plan).
-        operands = list(op.operands)
-        static_offsets = list(ir.DenseI64ArrayAttr(op.attributes["static_offsets"]))
-        static_sizes = list(ir.DenseI64ArrayAttr(op.attributes["static_sizes"]))
-        first = 2 if is_write else 1
-        n_offsets = sum(1 for s in static_offsets if s == DYNAMIC)
-        dynamic_offsets = operands[first:first + n_offsets]
-        dynamic_sizes = operands[first + n_offsets:first + n_offsets + sum(1 for s in static_sizes if s == DYNAMIC)]
-        sizes = self._mixed_ints(static_sizes, dynamic_sizes)
+        static_offsets, dynamic_offsets, sizes = self.slice_operands(op, first=2 if is_write else 1)
         root = self.resolve(source)
         offsets = [self.offset_key(o) for o in dynamic_offsets]
         node.slices.append(

@@ -278,6 +278,16 @@ class GroupScope:
 _KEPT_POOLS: dict[int, Any] = {}
 
 
+def _kept_pool(workers: int, *, replace: bool = False):
+    from service.ir.sandbox import Sandbox
+
+    if replace:
+        _KEPT_POOLS.pop(workers).close()
+    if workers not in _KEPT_POOLS:
+        _KEPT_POOLS[workers] = Sandbox(workers)
+    return _KEPT_POOLS[workers]
+
+
 class Evaluator:
     """Cache by plan hash in front of a pool of `workers` processes (started for this search, or
     with `keep_pool` the process's kept one), or in this process when workers is 0 (no crash
@@ -296,18 +306,14 @@ class Evaluator:
         if workers >= 1:
             from service.ir.sandbox import Sandbox
 
-            if keep_pool:
-                self.sandbox = _KEPT_POOLS.get(workers) or _KEPT_POOLS.setdefault(workers, Sandbox(workers))
-            else:
-                self.sandbox = Sandbox(workers)
+            self.sandbox = _kept_pool(workers) if keep_pool else Sandbox(workers)
             try:
                 self._warm_up(workers)
             except Exception:
                 if self.owns_pool:
                     raise
                 # The kept pool broke (a crash pebble could not recover from): start a new one.
-                _KEPT_POOLS.pop(workers, None).close()
-                self.sandbox = _KEPT_POOLS[workers] = Sandbox(workers)
+                self.sandbox = _kept_pool(workers, replace=True)
                 self._warm_up(workers)
         self.workers = workers
 
@@ -694,18 +700,21 @@ def _search(
                     group_deadline = now + max(0.0, deadline - now) * shares[spec.name] / left
                 twin = twins.get(_knob_shape(spec, graph))
                 warm = warm_by_group[spec.name] + ([_translate(twin, spec)] if twin else [])
+                # The plan the group starts from, on the whole module (cached unless a group
+                # before this one moved the context).
+                start: Evaluation | None = None
+                ctx_plan = plan_of(context) if spec.name in context else None
+                if ctx_plan is not None and not isinstance(ctx_plan, str):
+                    (start,) = evaluator.evaluate([(Candidate(params={}, source="context"), ctx_plan)])
+                    if not start.cached:
+                        record([start])
                 scope = None
-                if len(spec.ops) < len(graph.ops) and spec.name in context:
+                if start is not None and len(spec.ops) < len(graph.ops):
                     # The group alone on an extract of its ops: cheaper evaluations, same scores.
-                    ctx_plan = plan_of(context)
-                    if not isinstance(ctx_plan, str):
-                        (ctx_ev,) = evaluator.evaluate([(Candidate(params={}, source="context"), ctx_plan)])
-                        if not ctx_ev.cached:
-                            record([ctx_ev])
-                        found = evaluator.group_scope(spec.name, spec.ops, ctx_ev)
-                        scope = found if isinstance(found, GroupScope) else None
-                        if scope is None:
-                            warnings.append(f"group {spec.name} searched on the whole module: {found}")
+                    found = evaluator.group_scope(spec.name, spec.ops, start)
+                    scope = found if isinstance(found, GroupScope) else None
+                    if scope is None:
+                        warnings.append(f"group {spec.name} searched on the whole module: {found}")
                 group_best: tuple[Evaluation, dict] | None = None
                 group_start = len(trials)
                 idle = 0
@@ -726,14 +735,10 @@ def _search(
                     own = [r for n in ev.cost["nests"] if group_ops & set(n["uids"]) for r in n.get("reasons", [])]
                     return ev if own else ev.model_copy(update={"feasible": True})
 
-                if spec.name in context:
+                if start is not None and start.latency_s is not None:
                     # Coordinate descent never steps back: the group keeps its starting tiling
-                    # unless its search finds better (a cached evaluation: no budget spent).
-                    start_plan = plan_of(context)
-                    if not isinstance(start_plan, str):
-                        (start,) = evaluator.evaluate([(Candidate(params={}, source="context"), start_plan)])
-                        if start.latency_s is not None:
-                            group_best = (judged(start), context[spec.name])
+                    # unless its search finds better.
+                    group_best = (judged(start), context[spec.name])
                 if group_best is None or not group_best[0].feasible:
                     # The start does not fit: the plan with the smallest footprint first. When any
                     # plan fits, this one most likely does, and TPE then has a feasible region to
