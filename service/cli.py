@@ -114,7 +114,7 @@ def measure_cmd(
     as_json: bool = typer.Option(False, "--json", help="print JSON"),
     repetitions: int = typer.Option(5, "--repetitions", min=1),
     min_time_s: float = typer.Option(0.1, "--min-time", help="seconds per repetition"),
-    shape_hint: list[str] = typer.Option([], "--shape-hint", help="input shapes for dynamic dims, e.g. arg0=128x1024"),
+    shape_hint: list[str] = typer.Option([], "--shape-hint", help="input shapes for dynamic dims, e.g. arg0=128x1024 (f2.arg0=... for function @f2 only)"),
 ) -> None:
     """Time a plan forced on IREE (host CPU) and IREE's own default, medians of repetitions."""
     import json
@@ -269,7 +269,7 @@ def cost_cmd(
     plan: Path = typer.Option(..., "--plan", exists=True, dir_okay=False, help="plan JSON"),
     hardware: str = typer.Option("host-cpu", "--hardware", help="hardware profile name"),
     as_json: bool = typer.Option(False, "--json", help="print JSON"),
-    shape_hint: list[str] = typer.Option([], "--shape-hint", help="dynamic shapes, e.g. arg0=128x1024"),
+    shape_hint: list[str] = typer.Option([], "--shape-hint", help="dynamic shapes, e.g. arg0=128x1024 (f2.arg0=... for function @f2 only)"),
 ) -> None:
     """Predicted latency, feasibility, footprint and traffic per memory level of a plan."""
     import json
@@ -317,7 +317,7 @@ def tune_cmd(
     seed: int = typer.Option(0, "--seed"),
     as_json: bool = typer.Option(False, "--json", help="print JSON"),
     out: Path | None = typer.Option(None, "--out", help="write plan.json, transform.mlir, tiled.mlir here"),
-    shape_hint: list[str] = typer.Option([], "--shape-hint", help="dynamic shapes, e.g. arg0=128x1024"),
+    shape_hint: list[str] = typer.Option([], "--shape-hint", help="dynamic shapes, e.g. arg0=128x1024 (f2.arg0=... for function @f2 only)"),
     bucket: list[str] = typer.Option([], "--bucket", help="per-bucket plans, e.g. M=1,16,128,1024"),
     workers: int = typer.Option(2, "--workers", min=1, help="evaluation processes"),
     server: str | None = typer.Option(None, "--server", help="ask a tilesearch API (e.g. http://127.0.0.1:8000) instead of searching here"),

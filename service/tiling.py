@@ -48,7 +48,8 @@ class TilingRequest(BaseModel):
     strategy: Strategy = "tpe"
     seed: int = Field(default=0, ge=0, le=2**31 - 1)
     shape_hints: dict[str, list[int] | str] | None = Field(
-        default=None, description='every dim of a dynamic argument, e.g. {"arg0": [128, 1024]} or {"arg0": "128x1024"}')
+        default=None, description='every dim of a dynamic argument, e.g. {"arg0": [128, 1024]} or {"arg0": "128x1024"}; '
+                                  '"f2.arg0" names the argument of function @f2 only')
     buckets: dict[str, list[int]] | None = Field(default=None, description='e.g. {"arg0.0": [1, 16, 128]}')
     reuse: bool = Field(default=True, description="serve a stored decision / warm-start from stored groups")
     objective: Literal["latency"] = "latency"

@@ -203,3 +203,98 @@ def test_a_bucket_over_a_hinted_dim_says_it_wins():
     assert [b.shape_hints["arg0"][0] for b in both.buckets] == [1, 16]
     alone = tune(src, host, budget=8, strategy="random", workers=0, buckets=["M=1,16"])
     assert not any("shape hint gave too" in w for w in alone.warnings)
+
+
+# Two functions whose arg0 differ in rank: one module-wide `arg0` hint cannot fit both.
+TWO_FUNCTIONS = """
+func.func @rows(%x: tensor<?x64xf32>, %w: tensor<64x32xf32>) -> tensor<?x32xf32> {
+  %c0 = arith.constant 0 : index
+  %zero = arith.constant 0.0 : f32
+  %m = tensor.dim %x, %c0 : tensor<?x64xf32>
+  %e = tensor.empty(%m) : tensor<?x32xf32>
+  %acc = linalg.fill ins(%zero : f32) outs(%e : tensor<?x32xf32>) -> tensor<?x32xf32>
+  %r = linalg.matmul ins(%x, %w : tensor<?x64xf32>, tensor<64x32xf32>) outs(%acc : tensor<?x32xf32>) -> tensor<?x32xf32>
+  return %r : tensor<?x32xf32>
+}
+func.func @heads(%x: tensor<?x8x16xf32>) -> tensor<?x8x16xf32> {
+  %c0 = arith.constant 0 : index
+  %n = tensor.dim %x, %c0 : tensor<?x8x16xf32>
+  %e = tensor.empty(%n) : tensor<?x8x16xf32>
+  %r = linalg.generic {indexing_maps = [affine_map<(d0, d1, d2) -> (d0, d1, d2)>, affine_map<(d0, d1, d2) -> (d0, d1, d2)>],
+                       iterator_types = ["parallel", "parallel", "parallel"]}
+      ins(%x : tensor<?x8x16xf32>) outs(%e : tensor<?x8x16xf32>) {
+  ^bb0(%a: f32, %o: f32):
+    %y = math.exp %a : f32
+    linalg.yield %y : f32
+  } -> tensor<?x8x16xf32>
+  return %r : tensor<?x8x16xf32>
+}
+"""
+
+
+@pytest.mark.parametrize("hints, message", [
+    (["arg0=32x64"], "shape hint arg0=32x64: arg0 of @heads has rank 3 (tensor<?x8x16xf32>); give 3 dims, "
+                     "e.g. arg0=32x8x16; or give each function its own, e.g. heads.arg0=..."),
+    (["nope.arg0=4x8x16"], "shape hint nope.arg0=4x8x16: the module has no function @nope; its functions: @heads, @rows"),
+    (["heads.arg1=4"], "shape hint heads.arg1=4: @heads has no arg1; its arguments: arg0 tensor<?x8x16xf32>"),
+    (["rows.arg0=32x64", "heads.arg0=4x8x16", "arg0=2x64"], "every function's arg0 has a hint of its own "
+                                                             "(rows.arg0, heads.arg0); drop arg0"),
+    (["heads.arg0=4x8x16", "@heads.arg0=2x8x16"], "shape hint heads.arg0 is given twice"),
+    (["rows.arg1=64x32"], "rows.arg1 is static (tensor<64x32xf32>) and needs no hint"),
+])
+def test_hints_for_one_function_are_checked_against_that_function(hints, message):
+    with pytest.raises(ShapeHintError) as err:
+        check(TWO_FUNCTIONS, hints=hints)
+    assert message in str(err.value)
+
+
+def test_a_function_qualified_hint_sizes_only_its_function_and_wins_there():
+    from service.hardware.cost import cost_of_plan
+    from service.measure.iree import function_arguments as measured_arguments
+    from service.search.space import build_space
+
+    analysis = analyze(TWO_FUNCTIONS)
+    hints = parse_shape_hints(["arg0=32x64", "@heads.arg0=4x8x16"])
+    assert hints == {"arg0": [32, 64], "heads.arg0": [4, 8, 16]}
+    check_shapes(analysis.module, analysis.graph, hints, {})
+    space = build_space(analysis.graph, get_profile("host-cpu"), hints)
+    ranges = {op.name: space.shapes.loop_ranges(op) for op in analysis.graph.ops.values()}
+    assert ranges["linalg.matmul"] == [32, 32, 64]
+    assert ranges["linalg.generic"] == [4, 8, 16]
+    assert not space.shapes.defaulted
+    # The cost model and the measurement harness read the same names.
+    r = tune(TWO_FUNCTIONS, get_profile("host-cpu"), budget=4, strategy="random", workers=0, shape_hints=hints)
+    assert not any("shape hint" in w for w in r.warnings), r.warnings
+    with_default = tune(TWO_FUNCTIONS, get_profile("host-cpu"), budget=4, strategy="random", workers=0,
+                        shape_hints={"rows.arg0": [32, 64]})
+    assert any("arg0 dim 0 of @heads" in w for w in with_default.warnings), with_default.warnings
+    plan = {"groups": [{"anchor": 1, "fuse": [0], "levels": [{"tile_sizes": [16, 0, 0], "loop": "forall"}]}]}
+    hinted = cost_of_plan(TWO_FUNCTIONS, plan, "host-cpu", hints)
+    assert hinted["flops"] == 2 * 32 * 32 * 64 + 4 * 8 * 16 and not hinted["notes"], hinted["notes"]
+    defaulted = cost_of_plan(TWO_FUNCTIONS, plan, "host-cpu", {"rows.arg0": [32, 64]})
+    assert defaulted["flops"] == 2 * 32 * 32 * 64 + 128 * 8 * 16
+    assert "arg0 dim 0 of @heads is dynamic and has no shape hint: assumed 128" in defaulted["notes"]
+    from service.ir.mlir import context, ir
+    with context():
+        module = ir.Module.parse(TWO_FUNCTIONS)
+        funcs = {ir.StringAttr(op.attributes["sym_name"]).value: op for op in module.body.operations}
+        assert measured_arguments(funcs["heads"], hints)[0].shape == (4, 8, 16)
+        assert measured_arguments(funcs["rows"], hints)[0].shape == (32, 64)
+
+
+def test_buckets_over_one_function_size_only_that_function():
+    analysis = analyze(TWO_FUNCTIONS)
+    args = function_arguments(analysis.module)
+    check(TWO_FUNCTIONS, buckets=["heads.arg0.0=1,4"])
+    assert bucket_hints(analysis.graph, args, "heads.arg0.0", 4, {}) == {"heads.arg0": [4, 8, 16]}
+    # A label sizes every dynamic dim; arg0 means different things in the two functions, so each
+    # gets its own name, and a module-wide hint still fills the rest of the shape.
+    assert bucket_hints(analysis.graph, args, "M", 2, {}) == {"rows.arg0": [2, 64], "heads.arg0": [2, 8, 16]}
+    with pytest.raises(ShapeHintError, match="the module has no function @nope; its functions: @heads, @rows"):
+        check(TWO_FUNCTIONS, buckets=["nope.arg0=1,4"])
+    with pytest.raises(ShapeHintError, match=r"dim 1 of arg0 of @heads \(tensor<\?x8x16xf32>\) is not dynamic; "
+                                             r"dynamic dims: heads.arg0.0 \(tensor<\?x8x16xf32>\), rows.arg0.0"):
+        check(TWO_FUNCTIONS, buckets=["heads.arg0.1=1,4"])
+    r = tune(TWO_FUNCTIONS, get_profile("host-cpu"), budget=8, strategy="random", workers=0,
+             buckets=["heads.arg0.0=1,4"], shape_hints=["rows.arg0=16x64"])
+    assert [b.shape_hints for b in r.buckets] == [{"rows.arg0": [16, 64], "heads.arg0": [v, 8, 16]} for v in (1, 4)]

@@ -28,6 +28,7 @@ from itertools import count
 from pydantic import BaseModel, Field
 
 from service.ir.graph import holder_in
+from service.ir.hints import hint_for
 from service.ir.mlir import context, ir, linalg
 
 from .model import HardwareModel
@@ -222,7 +223,8 @@ class _Analyzer:
         self.value_node: dict[ir.Value, Node] = {}
         self.nodes: dict[int, Node] = {}
         args = list(func.regions[0].blocks[0].arguments)
-        self.arg_names = {a: f"arg{i}" for i, a in enumerate(args)}
+        self.func_name = ir.StringAttr(func.attributes["sym_name"]).value
+        self.arg_index = {a: i for i, a in enumerate(args)}
         self.intermediate_peaks: dict[int, int] = {}  # node id -> _intermediate_peak
         self.outside: dict[int, list] = {}  # node id -> _outside_slices
 
@@ -271,12 +273,13 @@ class _Analyzer:
 
     def dynamic_extent(self, v: ir.Value, dim: int) -> int:
         v = self.resolve(v)
-        if isinstance(v, ir.BlockArgument) and v in self.arg_names:
-            name = self.arg_names[v]
-            hint = self.hints.get(name)
+        if isinstance(v, ir.BlockArgument) and v in self.arg_index:
+            index = self.arg_index[v]
+            hint = hint_for(self.hints, self.func_name, index)
             if hint is not None:
                 return hint[dim] if dim < len(hint) else hint[-1]
-            self._note(f"{name} dim {dim} is dynamic and has no shape hint: assumed {DEFAULT_DYNAMIC_EXTENT}")
+            self._note(f"arg{index} dim {dim} of @{self.func_name} is dynamic and has no shape hint: "
+                       f"assumed {DEFAULT_DYNAMIC_EXTENT}")
             return DEFAULT_DYNAMIC_EXTENT
         if isinstance(v, ir.OpResult):
             op = v.owner
@@ -394,7 +397,7 @@ class _Analyzer:
     def value_key(self, v: ir.Value):
         # Values hash by identity of the underlying IR value; get_name() would run the printer
         # (~70 us a call, the cost model's hottest line).
-        return ("arg", self.arg_names[v]) if v in self.arg_names else ("value", v)
+        return ("arg", self.arg_index[v]) if v in self.arg_index else ("value", v)
 
     def bytes_of(self, v: ir.Value, shape: list[int] | None = None) -> int:
         t = _ranked(v)
@@ -485,7 +488,7 @@ class _Analyzer:
         """Tensors from outside the nest an op inside it reads whole, without a slice (a weight
         after fusion through a collapse_shape): they are live in the loop like any tile."""
         for v in op.operands:
-            if _ranked(v) is None or isinstance(v, ir.BlockArgument) and v not in self.arg_names:
+            if _ranked(v) is None or isinstance(v, ir.BlockArgument) and v not in self.arg_index:
                 continue  # scalars; loop-carried tensors (their tiles are the loop's slices)
             if isinstance(v, ir.OpResult) and (v in self.value_node or _opname(v.owner) in _NO_DATA_OPS):
                 continue  # computed in this nest, or no data to read

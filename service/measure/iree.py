@@ -28,6 +28,7 @@ from typing import Any, Literal, Union
 import numpy as np
 from pydantic import BaseModel, Field
 
+from service.ir.hints import hint_for
 from service.ir.mlir import context, ir, linalg, tool_path
 
 PARALLEL = "parallel"
@@ -310,7 +311,7 @@ class ArgumentSpec:
 
 def function_arguments(func: ir.Operation, shape_hints: Mapping[str, Sequence[int]] | None = None) -> list[ArgumentSpec]:
     """Shapes and element types of a func's tensor arguments. A dynamic dim takes its size from
-    `shape_hints` (argument `argN` -> full shape, as `tune --shape-hint argN=AxB` gives it);
+    `shape_hints` (`argN` or `FUNC.argN` -> full shape, as `tune --shape-hint` gives it);
     one without a hint is NotMeasurable."""
     ftype = ir.FunctionType(ir.TypeAttr(func.attributes["function_type"]).value)
     hints = shape_hints or {}
@@ -321,14 +322,14 @@ def function_arguments(func: ir.Operation, shape_hints: Mapping[str, Sequence[in
             raise NotMeasurable(f"argument {i} of @{_func_name(func)} is {t}, not a ranked tensor")
         shape = tuple(rt.shape)
         if not rt.has_static_shape:
-            hint = hints.get(f"arg{i}")
+            hint = hint_for(hints, _func_name(func), i)
             if hint is None:
                 raise NotMeasurable(
                     f"argument {i} of @{_func_name(func)} has dynamic dims ({t}): "
                     f"give its shape (arg{i}=...) or benchmark a static specialization of the module"
                 )
             if len(hint) != len(shape) or any(d != ir.ShapedType.get_dynamic_size() and d != h for d, h in zip(shape, hint)):
-                raise ValueError(f"shape hint arg{i}={'x'.join(map(str, hint))} does not fit {t}")
+                raise ValueError(f"shape hint for arg{i} of @{_func_name(func)}, {'x'.join(map(str, hint))}, does not fit {t}")
             shape = tuple(int(h) for h in hint)
         args.append(ArgumentSpec(shape, str(rt.element_type)))
     return args

@@ -24,6 +24,7 @@ from pydantic import BaseModel, Field
 from service.hardware.model import HardwareModel
 from service.ir.analysis import analyze
 from service.ir.errors import PlanError
+from service.ir.hints import hint_for
 from service.ir.plan import Group, Plan
 from service.ir.transform import check_plan
 
@@ -899,7 +900,8 @@ def tune(
     total_evals = sum(r.evaluations for _, r in results)
     total_s = sum(r.elapsed_s for _, r in results)
     warnings = sorted({w for _, r in results for w in r.warnings})
-    overridden = [f"arg{i} dim {d}" for i, d in bucketed_dims(graph, name) if f"arg{i}" in hints]
+    overridden = [f"arg{b.index} dim {b.dim}" + (f" of @{b.func}" if len({a.func for a in arguments}) > 1 else "")
+                  for b in bucketed_dims(graph, name) if hint_for(hints, b.func, b.index) is not None]
     if overridden:
         warnings.append(f"--bucket {name} sizes {', '.join(overridden)}, which a shape hint gave too: the bucket "
                         "values are used there")

@@ -1,8 +1,9 @@
 """Shape hints and buckets: what the user wrote, checked against the module, and the hints of
 each bucket of a bucketed search.
 
-Hints name function arguments by position (`argN`, as the cost model does) in every function of
-the module. A hint the module cannot use would give a plan for shapes that never occur, or crash
+Hints name function arguments by position: `argN` in every function of the module, `FUNC.argN`
+in function @FUNC only (service/ir/hints.py); buckets name `[FUNC.]argN`, one dim `[FUNC.]argN.D`
+or, with a label such as M, every dynamic dim. A hint the module cannot use would give a plan for shapes that never occur, or crash
 the cost model (a zero dim), so it is a ShapeHintError whose message says what to fix: the CLI
 exits with code 2, the API answers 422.
 """
@@ -13,13 +14,14 @@ import re
 from dataclasses import dataclass
 
 from service.ir.graph import OpGraph
+from service.ir.hints import hint_for, hint_key, split_hint_key
 from service.ir.mlir import context, ir
 
 from .space import DEFAULT_DYNAMIC_EXTENT
 
-_ARG = re.compile(r"arg(\d+)")
-_ARG_DIM = re.compile(r"arg(\d+)(?:\.(\d+))?")
-_HINT_FORM, _HINT_EXAMPLE = "argN=AxB", "arg0=128x1024"
+# [FUNC.]argN[.D]; the function is optional and may itself contain dots.
+_ARG_DIM = re.compile(r"(?:@?(?P<func>.+)\.)?arg(?P<arg>\d+)(?:\.(?P<dim>\d+))?")
+_HINT_FORM, _HINT_EXAMPLE = "argN=AxB (FUNC.argN=AxB for one function)", "arg0=128x1024"
 _BUCKET_FORM, _BUCKET_EXAMPLE = "NAME=v1,v2,...", "M=1,16,128,1024"
 
 
@@ -31,7 +33,8 @@ class ShapeHintError(ValueError):
 class Argument:
     """A function argument as hints name it: `argN` of `func`."""
 
-    name: str
+    name: str  # argN
+    index: int  # N
     func: str
     type: str  # as MLIR prints it, e.g. tensor<?x768xf32>
     shape: tuple[int | None, ...] | None  # None dims are dynamic; None: not a ranked shaped type
@@ -54,7 +57,7 @@ def function_arguments(module: ir.Module) -> list[Argument]:
                 if isinstance(arg.type, ir.ShapedType) and ir.ShapedType(arg.type).has_rank:
                     st = ir.ShapedType(arg.type)
                     shape = tuple(None if st.is_dynamic_dim(d) else st.get_dim_size(d) for d in range(st.rank))
-                out.append(Argument(f"arg{i}", func, str(arg.type), shape))
+                out.append(Argument(f"arg{i}", i, func, str(arg.type), shape))
     return out
 
 
@@ -115,15 +118,21 @@ def _show(value: object, sep: str) -> str:
 
 
 def parse_shape_hints(items: list[str] | dict | None) -> dict[str, list[int]]:
-    """['arg0=128x1024', ...] or {'arg0': '128x1024' | [128, 1024]} -> {'arg0': [128, 1024]}."""
+    """['arg0=128x1024', 'f2.arg0=8x4x4'] or {'arg0': '128x1024' | [128, 1024]} ->
+    {'arg0': [128, 1024], 'f2.arg0': [8, 4, 4]} (names as service/ir/hints.py reads them)."""
     if not items:
         return {}
     out = {}
     for name, value in _pairs(items, "shape hint", _HINT_FORM, _HINT_EXAMPLE):
         shown = f"shape hint {name}={_show(value, 'x')}"
-        if not _ARG.fullmatch(name):
-            raise ShapeHintError(f"{shown}: name a function argument as argN (N: its position), e.g. {_HINT_EXAMPLE}")
-        out[name] = _sizes(value, "x", shown, _HINT_EXAMPLE, dims=True)
+        parts = split_hint_key(name)
+        if parts is None:
+            raise ShapeHintError(f"{shown}: name a function argument as argN (N: its position; every function) or "
+                                 f"FUNC.argN (function @FUNC only), e.g. {_HINT_EXAMPLE}")
+        key = hint_key(*parts)
+        if key in out:
+            raise ShapeHintError(f"shape hint {key} is given twice; give it once")
+        out[key] = _sizes(value, "x", shown, _HINT_EXAMPLE, dims=True)
     return out
 
 
@@ -134,9 +143,10 @@ def parse_buckets(items: list[str] | dict | None) -> dict[str, list[int]]:
     out = {}
     for name, value in _pairs(items, "bucket", _BUCKET_FORM, _BUCKET_EXAMPLE):
         shown = f"bucket {name}={_show(value, ',')}"
-        if name.startswith("arg") and not _ARG_DIM.fullmatch(name):
+        if (name.startswith(("arg", "@")) or ".arg" in name) and not _ARG_DIM.fullmatch(name):
             raise ShapeHintError(f"{shown}: name an argument's dynamic dims as argN, one of them as argN.D "
-                                 f"(e.g. arg0.0), or use a label such as M for every dynamic dim")
+                                 f"(e.g. arg0.0; FUNC.argN[.D] in one function), or use a label such as M for "
+                                 f"every dynamic dim")
         values = _sizes(value, ",", shown, _BUCKET_EXAMPLE, dims=False)
         repeated = sorted({v for v in values if values.count(v) > 1})
         if repeated:
@@ -148,21 +158,51 @@ def parse_buckets(items: list[str] | dict | None) -> dict[str, list[int]]:
 # --------------------------------------------------------------------------- against the module
 
 
+def _several_functions(args: list[Argument]) -> bool:
+    return len({a.func for a in args}) > 1
+
+
 def _listing(args: list[Argument]) -> str:
     """'arg0 tensor<?x768xf32>, arg1 ...' (functions named when the module has several)."""
-    several = len({a.func for a in args}) > 1
+    several = _several_functions(args)
     return ", ".join(f"{a.name} {a.type}" + (f" of @{a.func}" if several else "") for a in args) or "none"
 
 
-def _example(arg: Argument, given: list[int]) -> str:
-    """The hint `arg` takes: its static dims, and the given sizes for its dynamic dims."""
+def _example(key: str, arg: Argument, given: list[int]) -> str:
+    """The hint `arg` takes under the name `key`: its static dims, and the given sizes for its
+    dynamic dims."""
     assert arg.shape is not None
     if len(given) == len(arg.shape):
         sizes = [given[d] if s is None else s for d, s in enumerate(arg.shape)]
     else:
         fill = iter(given)
         sizes = [next(fill, DEFAULT_DYNAMIC_EXTENT) if s is None else s for s in arg.shape]
-    return f"{arg.name}={'x'.join(map(str, sizes))}"
+    return f"{key}={'x'.join(map(str, sizes))}"
+
+
+def _hinted_arguments(name: str, hints: dict[str, list[int]], arguments: list[Argument]) -> list[Argument]:
+    """The arguments the hint `name` sizes: `FUNC.argN` one, `argN` that of every function
+    without a `FUNC.argN` of its own."""
+    func, index = split_hint_key(name) or (None, -1)
+    shown = f"shape hint {name}={'x'.join(map(str, hints[name]))}"
+    if func is not None:
+        functions = sorted({a.func for a in arguments})
+        if func not in functions:
+            raise ShapeHintError(f"{shown}: the module has no function @{func}; its functions: "
+                                 f"{', '.join('@' + f for f in functions) or 'none'}")
+        named = [a for a in arguments if a.func == func and a.index == index]
+        if not named:
+            raise ShapeHintError(f"{shown}: @{func} has no arg{index}; its arguments: "
+                                 f"{_listing([a for a in arguments if a.func == func])}")
+        return named
+    every = [a for a in arguments if a.index == index]
+    if not every:
+        raise ShapeHintError(f"{shown}: the module has no {name}; its arguments: {_listing(arguments)}")
+    named = [a for a in every if hint_key(a.func, index) not in hints]
+    if not named:
+        raise ShapeHintError(f"{shown}: every function's {name} has a hint of its own "
+                             f"({', '.join(hint_key(a.func, index) for a in every)}); drop {name}")
+    return named
 
 
 def check_shape_hints(hints: dict[str, list[int]], arguments: list[Argument]) -> None:
@@ -170,35 +210,54 @@ def check_shape_hints(hints: dict[str, list[int]], arguments: list[Argument]) ->
     dynamic = [a for a in arguments if a.dynamic_dims]
     for name, sizes in hints.items():
         shown = f"shape hint {name}={'x'.join(map(str, sizes))}"
-        named = [a for a in arguments if a.name == name]
-        if not named:
-            raise ShapeHintError(f"{shown}: the module has no {name}; its arguments: {_listing(arguments)}")
+        named = _hinted_arguments(name, hints, arguments)
         targets = [a for a in named if a.dynamic_dims]
         if not targets:
             others = f"arguments with dynamic dims: {_listing(dynamic)}" if dynamic else "the module has no dynamic dims"
             raise ShapeHintError(f"{shown}: {name} is static ({', '.join(a.type for a in named)}) and needs no hint; {others}")
+        # Functions whose argN differ cannot share one hint: say how to give each its own.
+        per_function = (f"; or give each function its own, e.g. {hint_key(targets[1].func, targets[1].index)}=..."
+                        if len(targets) > 1 and len({a.type for a in targets}) > 1 else "")
         for arg in targets:
             assert arg.shape is not None
+            where = f"{name} of @{arg.func}" if len(targets) > 1 else name
             if len(sizes) != len(arg.shape):
-                raise ShapeHintError(f"{shown}: {name} has rank {len(arg.shape)} ({arg.type}); "
-                                     f"give {len(arg.shape)} dims, e.g. {_example(arg, sizes)}")
+                raise ShapeHintError(f"{shown}: {where} has rank {len(arg.shape)} ({arg.type}); "
+                                     f"give {len(arg.shape)} dims, e.g. {_example(name, arg, sizes)}{per_function}")
             for d, (size, static) in enumerate(zip(sizes, arg.shape)):
                 if static is not None and size != static:
-                    raise ShapeHintError(f"{shown}: dim {d} of {name} is {static} ({arg.type}); "
-                                         f"keep its static dims, e.g. {_example(arg, sizes)}")
+                    raise ShapeHintError(f"{shown}: dim {d} of {where} is {static} ({arg.type}); "
+                                         f"keep its static dims, e.g. {_example(name, arg, sizes)}{per_function}")
 
 
-def _bucketable(graph: OpGraph) -> list[tuple[int, int]]:
-    """(argument, dim) of every dynamic loop dim that an argument sizes (what a bucket can set)."""
-    return sorted({(dyn.arg_index, dyn.dim) for op in graph.ops.values() for dyn in op.dynamic_dims.values()
-                   if dyn.arg_index is not None})
+@dataclass(frozen=True)
+class BucketDim:
+    """A dynamic loop dim a bucket can size: dim `dim` of argument `index` of @`func`."""
+
+    func: str
+    index: int
+    dim: int
+
+
+def _bucketable(graph: OpGraph) -> list[BucketDim]:
+    """Every dynamic loop dim that a function argument sizes (what a bucket can set)."""
+    return sorted({BucketDim(op.func, dyn.arg_index, dyn.dim) for op in graph.ops.values()
+                   for dyn in op.dynamic_dims.values() if dyn.arg_index is not None},
+                  key=lambda b: (b.func, b.index, b.dim))
+
+
+def _bucket_name(b: BucketDim, qualified: bool) -> str:
+    return f"{hint_key(b.func if qualified else None, b.index)}.{b.dim}"
 
 
 def check_buckets(buckets: dict[str, list[int]], graph: OpGraph, arguments: list[Argument]) -> None:
-    """Every bucket names dynamic dims the module's ops have: `argN`, `argN.D`, or a label (all)."""
+    """Every bucket names dynamic dims the module's ops have: `[FUNC.]argN`, `[FUNC.]argN.D`, or
+    a label (all)."""
     dims = _bucketable(graph)
-    types = {a.name: a.type for a in arguments}
-    choices = ", ".join(f"arg{i}.{d} ({types.get(f'arg{i}', '?')})" for i, d in dims)
+    several = _several_functions(arguments)
+    types = {(a.func, a.index): a.type for a in arguments}
+    choices = ", ".join(f"{_bucket_name(b, several)} ({types.get((b.func, b.index), '?')})" for b in dims)
+    functions = sorted({a.func for a in arguments})
     for name, values in buckets.items():
         shown = f"bucket {name}={','.join(map(str, values))}"
         if not dims:
@@ -211,13 +270,17 @@ def check_buckets(buckets: dict[str, list[int]], graph: OpGraph, arguments: list
         match = _ARG_DIM.fullmatch(name)
         if match is None:
             continue  # a label: every dynamic dim
-        index, dim = int(match.group(1)), match.group(2)
-        arg = f"arg{index}"
-        if dim is None and not any(i == index for i, _ in dims):
-            what = f"{arg} ({types[arg]}) has no dynamic dim" if arg in types else f"the module has no {arg}"
-            raise ShapeHintError(f"{shown}: {what}; dynamic dims: {choices}")
-        if dim is not None and (index, int(dim)) not in dims:
-            what = f"dim {dim} of {arg} ({types[arg]}) is not dynamic" if arg in types else f"the module has no {arg}"
+        func, index, dim = match.group("func"), int(match.group("arg")), match.group("dim")
+        if func is not None and func not in functions:
+            raise ShapeHintError(f"{shown}: the module has no function @{func}; its functions: "
+                                 f"{', '.join('@' + f for f in functions)}")
+        arg = f"arg{index}" + (f" of @{func}" if func is not None else "")
+        typed = sorted({t for (f, i), t in types.items() if i == index and (func is None or f == func)})
+        if not typed:
+            raise ShapeHintError(f"{shown}: the module has no {arg}; dynamic dims: {choices}")
+        if not bucketed_dims(graph, name):
+            what = f"{arg} ({', '.join(typed)}) has no dynamic dim" if dim is None else \
+                f"dim {dim} of {arg} ({', '.join(typed)}) is not dynamic"
             raise ShapeHintError(f"{shown}: {what}; dynamic dims: {choices}")
 
 
@@ -236,31 +299,35 @@ def check_shapes(module: ir.Module, graph: OpGraph, hints: dict[str, list[int]],
 # --------------------------------------------------------------------------- buckets
 
 
-def bucketed_dims(graph: OpGraph, name: str) -> list[tuple[int, int]]:
-    """(argument index, dim) of each dynamic dim the bucket `name` sizes: `argN` (its dynamic
-    dims), `argN.D` (one dim), or any other label (every dynamic dim of the module, e.g. M for
-    a token count)."""
+def bucketed_dims(graph: OpGraph, name: str) -> list[BucketDim]:
+    """The dynamic dims the bucket `name` sizes: `[FUNC.]argN` (its dynamic dims), `[FUNC.]argN.D`
+    (one dim), or any other label (every dynamic dim of the module, e.g. M for a token count)."""
     match = _ARG_DIM.fullmatch(name)
-    return [(index, dim) for index, dim in _bucketable(graph)
-            if not match or (int(match.group(1)) == index and (match.group(2) is None or int(match.group(2)) == dim))]
+    if match is None:
+        return _bucketable(graph)
+    func, index, dim = match.group("func"), int(match.group("arg")), match.group("dim")
+    return [b for b in _bucketable(graph)
+            if b.index == index and (func is None or b.func == func) and (dim is None or b.dim == int(dim))]
 
 
 def bucket_hints(graph: OpGraph, arguments: list[Argument], name: str, value: int,
                  base: dict[str, list[int]]) -> dict[str, list[int]]:
-    """Shape hints for one bucket: `base` with every dim the bucket sizes set to `value`."""
+    """Shape hints for one bucket: `base` with every dim the bucket sizes set to `value`. Each
+    goes under the name the argument's hint is read from: `argN` unless a function has its own
+    hint or several functions have an argN, then `FUNC.argN`."""
     hints = {k: list(v) for k, v in base.items()}
-    for index, dim in bucketed_dims(graph, name):
-        key = f"arg{index}"
-        full = hints.get(key) or _arg_shape(arguments, key, dim)
-        full[dim] = value
+    for b in bucketed_dims(graph, name):
+        shared = sum(1 for a in arguments if a.index == b.index) == 1 and hint_key(b.func, b.index) not in base
+        key = hint_key(None if shared else b.func, b.index)
+        full = hints.get(key) or list(hint_for(base, b.func, b.index) or _arg_shape(arguments, b))
+        full[b.dim] = value
         hints[key] = full
     return hints
 
 
-def _arg_shape(arguments: list[Argument], name: str, dim: int) -> list[int]:
-    """The argument's shape with its dynamic dims at the default (a function where `dim` is dynamic)."""
+def _arg_shape(arguments: list[Argument], b: BucketDim) -> list[int]:
+    """The argument's shape with its dynamic dims at the default."""
     for arg in arguments:
-        if arg.name == name and dim in arg.dynamic_dims:
-            assert arg.shape is not None
+        if arg.func == b.func and arg.index == b.index and arg.shape is not None:
             return [s if s is not None else DEFAULT_DYNAMIC_EXTENT for s in arg.shape]
-    return [DEFAULT_DYNAMIC_EXTENT] * (dim + 1)
+    return [DEFAULT_DYNAMIC_EXTENT] * (b.dim + 1)

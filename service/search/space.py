@@ -22,6 +22,7 @@ from service.hardware.cost import DEFAULT_DYNAMIC_EXTENT
 from service.hardware.model import HardwareModel
 from service.ir.errors import PlanError
 from service.ir.graph import OpGraph, TileableOp
+from service.ir.hints import hint_for
 from service.ir.plan import Group, Level, Plan
 from service.ir.transform import layout_group
 
@@ -51,11 +52,11 @@ class ShapeContext:
                 out.append(r)
                 continue
             dyn = op.dynamic_dims.get(d)
-            hint = self.hints.get(f"arg{dyn.arg_index}") if dyn and dyn.arg_index is not None else None
+            hint = hint_for(self.hints, op.func, dyn.arg_index) if dyn and dyn.arg_index is not None else None
             if hint is not None and dyn.dim < len(hint):
                 out.append(hint[dyn.dim])
             else:
-                where = f"arg{dyn.arg_index} dim {dyn.dim}" if dyn and dyn.arg_index is not None else f"op {op.uid} loop {d}"
+                where = f"arg{dyn.arg_index} dim {dyn.dim} of @{op.func}" if dyn and dyn.arg_index is not None else f"op {op.uid} loop {d}"
                 if where not in self.defaulted:
                     self.defaulted.append(where)
                 out.append(DEFAULT_DYNAMIC_EXTENT)
