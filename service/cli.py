@@ -56,7 +56,7 @@ def inspect_cmd(
     for op in info["ops"]:
         table.add_row(
             str(op["uid"]),
-            op["name"],
+            op["name"] + (f" (copy of {op['copy_of']})" if op.get("copy_of") is not None else ""),
             op["kind"],
             "x".join("?" if r is None else str(r) for r in op["loop_ranges"]),
             " ".join("r" if t == "reduction" else "p" for t in op["iterator_types"]),

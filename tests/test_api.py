@@ -228,12 +228,12 @@ def test_concurrent_identical_requests_make_one_decision(migrated_url):
 
 
 def test_a_plan_that_crashes_mlir_costs_that_plan_not_the_request(migrated_url):
-    """One fill feeding both convs of a ResNet block: the super-tiling baseline's plan crashes
-    MLIR (segfault). The search evaluated inside its API job and the request was a 422; plans
-    now go to a worker the job keeps, and the answer says the baseline could not be applied."""
-    from test_search import _RESNET_BLOCK
+    """The super-tiling baseline's plan crashes MLIR (segfault) on a ResNet block whose convs
+    share one bias-broadcast init. The search evaluated inside its API job and the request was
+    a 422; plans now go to a worker the job keeps, and the answer says the baseline could not
+    be applied."""
+    from test_search import RESNET_SHARED_BIAS_INIT as module
 
-    module = _RESNET_BLOCK.replace("outs(%f2 :", "outs(%f :")
     with _client(migrated_url) as client:
         response = client.post("/v1/tilings", json={"module": module, "hardware": "npu-sram-256k", "budget": 16})
         assert response.status_code == 200, response.text

@@ -118,3 +118,33 @@ def test_non_linalg_tileable_ops_come_from_the_interface() -> None:
             seen.setdefault(op.name, op.loop_ranges)
     assert {"linalg.pack", "linalg.unpack", "tensor.pad"} <= set(seen)
     assert "tensor.expand_shape" not in seen and "tensor.empty" not in seen
+
+
+_SHARED_FILL = """
+func.func @shared(%a: tensor<64x32xf32>, %b: tensor<32x16xf32>, %c: tensor<64x32xf32>) -> (tensor<64x16xf32>, tensor<64x16xf32>, tensor<64x16xf32>) {
+  %zero = arith.constant 0.0 : f32
+  %e = tensor.empty() : tensor<64x16xf32>
+  %f = linalg.fill ins(%zero : f32) outs(%e : tensor<64x16xf32>) -> tensor<64x16xf32>
+  %m1 = linalg.matmul ins(%a, %b : tensor<64x32xf32>, tensor<32x16xf32>) outs(%f : tensor<64x16xf32>) -> tensor<64x16xf32>
+  %m2 = linalg.matmul ins(%c, %b : tensor<64x32xf32>, tensor<32x16xf32>) outs(%f : tensor<64x16xf32>) -> tensor<64x16xf32>
+  %s = linalg.map {arith.addf} ins(%f, %f : tensor<64x16xf32>, tensor<64x16xf32>) outs(%e : tensor<64x16xf32>)
+  return %m1, %m2, %s : tensor<64x16xf32>, tensor<64x16xf32>, tensor<64x16xf32>
+}
+"""
+
+
+def test_a_shared_fill_gets_a_copy_per_reader() -> None:
+    """One fill read by three ops (two of its uses in one op): the first reader keeps it, the
+    other two get a copy next to them, tagged with the original's uid; the input is untouched
+    and the tagged module still verifies."""
+    a = analyze(_SHARED_FILL)
+    ops = sorted(a.graph.ops.values(), key=lambda op: op.uid)
+    assert [(op.name, op.copy_of) for op in ops] == [
+        ("linalg.fill", None), ("linalg.matmul", None),
+        ("linalg.fill", 0), ("linalg.matmul", None),
+        ("linalg.fill", 0), ("linalg.map", None),
+    ]
+    assert [op.producers for op in ops if op.name != "linalg.fill"] == [[0], [2], [4]]
+    assert a.tagged.operation.verify()
+    assert str(a.module).count("linalg.fill") == 1
+    assert analyze(_SHARED_FILL).graph.to_json() == a.graph.to_json()  # deterministic

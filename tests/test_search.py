@@ -569,6 +569,25 @@ func.func @resnet_block_2fills(%x: tensor<1x56x56x64xf32>, %w1: tensor<3x3x64x64
 """
 
 
+def test_a_fill_shared_by_two_convs_is_copied_into_each_group():
+    """CSE merges identical fills: here one fill initialises both convs of the block. Shared,
+    it was fused into the first conv's group and computed whole (1.5 MiB) for the second, so
+    no plan fit the 256 KiB scratchpad. Each reader now has a copy of its own, and the block
+    tiles as well as with two fills."""
+    npu = get_profile("npu-sram-256k")
+    shared_src = _RESNET_BLOCK.replace("%f2 = linalg.fill ins(%zero : f32) outs(%e2 : tensor<1x56x56x64xf32>) -> tensor<1x56x56x64xf32>\n", "").replace("outs(%f2 :", "outs(%f :")
+    graph = analyze(shared_src).graph
+    fills = [op for op in graph.ops.values() if op.name == "linalg.fill"]
+    assert [(f.copy_of, [graph.op(c).name for c in f.consumers]) for f in fills] == [
+        (None, ["linalg.conv_2d_nhwc_hwcf"]), (fills[0].uid, ["linalg.conv_2d_nhwc_hwcf"])]
+    shared = tune(shared_src, npu, budget=24, strategy="tpe", seed=0, workers=0)
+    separate = tune(_RESNET_BLOCK, npu, budget=24, strategy="tpe", seed=0, workers=0)
+    assert shared.feasible, shared.predicted.get("reasons")
+    assert shared.predicted["latency_s"] == pytest.approx(separate.predicted["latency_s"], rel=1e-6)
+    assert all(any(graph.op(u).name == "linalg.fill" for u in g["fuse"]) for g in shared.plan["groups"])
+    assert shared.baseline["stage"] == "cost"  # the baseline's plan crashed MLIR with the fill shared
+
+
 def test_a_plan_that_fits_is_found_when_the_start_does_not():
     """A ResNet block (pad -> conv3x3 -> bias/relu -> pad -> conv3x3 -> residual/relu) on a
     256 KiB scratchpad: the start (64-wide tiles) overflows and so did all of 600 TPE candidates;
@@ -580,18 +599,26 @@ def test_a_plan_that_fits_is_found_when_the_start_does_not():
     assert not start.feasible
 
 
+# One broadcast bias initialising both convs: the super-tiling baseline's plan (the whole block
+# fused into one scf.for) segfaults MLIR on it. A fill shared the same way did too, until shared
+# fills were given a copy per reader.
+RESNET_SHARED_BIAS_INIT = _RESNET_BLOCK.replace("outs(%f2 :", "outs(%f :").replace(
+    "%f = linalg.fill ins(%zero : f32) outs(%e : tensor<1x56x56x64xf32>) -> tensor<1x56x56x64xf32>",
+    "%f = linalg.broadcast ins(%b1 : tensor<64xf32>) outs(%e : tensor<1x56x56x64xf32>) dimensions = [0, 1, 2]")
+
+
 def test_a_plan_that_crashes_mlir_costs_that_plan_even_with_one_worker(tmp_path):
-    """One fill feeding both convs of a ResNet block: the super-tiling baseline's plan crashes
-    MLIR (segfault). `tune --workers 1` evaluated in its own process and died with it; every
-    CLI search now evaluates in worker processes (in-process is workers=0, for the API's jobs,
-    which are isolated themselves)."""
+    """The super-tiling baseline's plan crashes MLIR (segfault) on RESNET_SHARED_BIAS_INIT.
+    `tune --workers 1` evaluated in its own process and died with it; every CLI search now
+    evaluates in worker processes (in-process is workers=0, for the API's jobs, which are
+    isolated themselves)."""
     import json
     import subprocess
     import sys
     from pathlib import Path
 
-    module = tmp_path / "resnet_shared_fill.mlir"
-    module.write_text(_RESNET_BLOCK.replace("outs(%f2 :", "outs(%f :"))
+    module = tmp_path / "resnet_shared_bias_init.mlir"
+    module.write_text(RESNET_SHARED_BIAS_INIT)
     tilesearch = str(Path(sys.executable).with_name("tilesearch"))
     run = subprocess.run([tilesearch, "tune", str(module), "--hardware", "npu-sram-256k", "--budget", "16",
                           "--workers", "1", "--json"], capture_output=True, text=True, timeout=300)

@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field
 from .mlir import attribute_names, context, ir, linalg, transform_interpreter
 
 UID_ATTR = "ts.uid"
+COPY_OF_ATTR = "ts.copy_of"  # on a fill's copy: the uid of the fill it copies (see _untie_shared_fills)
 TILEABLE_MARK = "ts.tileable"
 FUSE_GROUP_ATTRS = ("tilesearch.fuse_group", "torq-fuse-group")
 
@@ -65,6 +66,7 @@ class TileableOp:
     num_inputs: int
     flops_per_point: int
     fuse_groups: list[int]
+    copy_of: int | None = None  # a shared fill's copy for one of its readers: the original's uid
     signature: str = ""
     producers: list[int] = field(default_factory=list)
     consumers: list[int] = field(default_factory=list)
@@ -175,17 +177,52 @@ def holder_in(op: ir.Operation, body: dict | set) -> ir.Operation | None:
     return op
 
 
+def _untie_shared_fills(root: ir.Operation) -> list[tuple[ir.Operation, ir.Operation]]:
+    """Give every reader of a shared `linalg.fill` but the first a copy of its own, placed just
+    before the reader. Returns (original, copy) pairs.
+
+    CSE merges identical fills, so in an imported model one fill often initialises several
+    matmuls or convolutions. Shared, it can be fused into one tile group only and stays a whole
+    tensor for the others (1.5 MiB for a ResNet stage, more than any scratchpad). A fill reads
+    nothing, so a copy per reader costs nothing; IREE's dispatch formation clones fills into
+    every dispatch the same way. Tensors are values, so the copies compute what the original did.
+    """
+    ops = walk_ops(root)
+    position = {op: i for i, op in enumerate(ops)}
+    # Every reader is found before any is rewritten: rewriting an operand changes an op's hash
+    # in these bindings, so a lookup by op after a rewrite would miss.
+    shared = []
+    for fill in ops:
+        if fill.name != "linalg.fill" or len(fill.results) != 1 or not isinstance(fill.results[0].type, ir.RankedTensorType):
+            continue
+        readers = sorted({use.owner.operation for use in fill.results[0].uses}, key=position.__getitem__)
+        if len(readers) > 1:
+            shared.append((fill, readers[1:]))
+    pairs = []
+    for fill, readers in shared:
+        result = fill.results[0]
+        for reader in readers:
+            copy = fill.clone(ip=ir.InsertionPoint(reader))
+            for i, operand in enumerate(reader.operands):
+                if operand == result:
+                    reader.operands[i] = copy.results[0]
+            pairs.append((fill, copy.operation))
+    return pairs
+
+
 def tag_tileable_ops(module: ir.Module) -> ir.OpView:
     """A copy of `module` with `ts.uid = i` on every TilingInterface op, in program order.
 
     The input module is not modified. Stale `ts.*` attributes in the input are dropped first so
-    a resubmitted tiled module is tagged afresh.
+    a resubmitted tiled module is tagged afresh. A fill read by several ops is first given a
+    copy per reader (`_untie_shared_fills`), each tagged `ts.copy_of` with the original's uid.
     """
     with context():
         tagged = module.operation.clone()
         for op in walk_ops(tagged.operation):
             for name in [n for n in attribute_names(op) if n.startswith("ts.")]:
                 del op.attributes[name]
+        copies = _untie_shared_fills(tagged.operation)
         script = ir.Module.parse(_FIND_TILEABLE)
         transform_interpreter.apply_named_sequence(
             tagged.operation, script.body.operations[0], script
@@ -197,6 +234,9 @@ def tag_tileable_ops(module: ir.Module) -> ir.OpView:
                 del op.attributes[TILEABLE_MARK]
                 op.attributes[UID_ATTR] = ir.IntegerAttr.get(i64, uid)
                 uid += 1
+        for original, copy in copies:
+            if UID_ATTR in original.attributes:
+                copy.attributes[COPY_OF_ATTR] = original.attributes[UID_ATTR]
     return tagged
 
 
@@ -441,6 +481,7 @@ def describe_op(op: ir.Operation, uid: int) -> TileableOp:
         num_inputs=_num_inputs(op),
         flops_per_point=flops,
         fuse_groups=_fuse_groups(op),
+        copy_of=ir.IntegerAttr(op.attributes[COPY_OF_ATTR]).value if COPY_OF_ATTR in op.attributes else None,
     )
 
 

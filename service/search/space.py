@@ -27,7 +27,8 @@ from service.ir.plan import Group, Level, Plan
 from service.ir.transform import layout_group
 
 ANCHOR_KINDS = ("contraction", "convolution", "reduction")
-SPACE_VERSION = "search-space/4"
+# 5: shared fills get a copy per reader (service/ir/graph.py), which renumbers the ops after them.
+SPACE_VERSION = "search-space/5"
 _ELEMENT_BYTES = {"f64": 8, "i64": 8, "f32": 4, "i32": 4, "f16": 2, "bf16": 2, "i16": 2, "i8": 1, "i1": 1}
 
 
