@@ -208,7 +208,10 @@ def test_register_tile_that_spills_is_predicted_slower() -> None:
 
     fits, spills, too_few = latency([8, 32]), latency([32, 32]), latency([2, 16])
     assert spills > 1.5 * fits
-    assert too_few > 2 * fits  # 2 accumulators cannot fill 8 FMA slots
+    assert too_few > 2 * fits  # 2 accumulators cannot keep the FMA units busy
+    # 8 accumulators (IREE's default 8x16 tile) are not enough either: measured 1.4-1.6x slower
+    # than 8x32 on the 1024^3, 256x2048x512 and attention matmuls (Intel Xeon, CPU time).
+    assert latency([8, 16]) > 1.3 * fits
 
 
 def test_loop_carried_accumulator_moves_once_per_reduction_loop() -> None:
@@ -242,6 +245,38 @@ def test_rows_of_a_held_in_registers_count_against_the_file() -> None:
         return estimate_cost(apply_plan(tagged, _matmul_plan([64, 256], vec, red)).module, hw).latency_s
 
     assert latency([32, 16], 4) > 1.5 * latency([16, 32], 1)
+
+
+def test_a_reduction_step_whose_b_tile_overflows_the_registers_is_slower() -> None:
+    """Each reduction step reads its [k, n] tile of B into registers beside the accumulators.
+    Measured (Intel Xeon, AVX-512, 32 zmm; 1024^3, 256x2048x512 and 128x1024x1024 matmuls, CPU
+    time, paired): 8x32 tiles (16 accumulators) ran 1.2-1.4x slower at k = 8 and 16 (B: 16 and
+    32 zmm) than at k = 4, 4x64 1.2-1.3x slower at k = 4 than at k = 2; about the same past
+    the file whatever the overflow. 8x16 has room for k = 16."""
+    hw = _avx512_host()
+    with context():
+        tagged = tag_tileable_ops(parse_module((WORKLOADS / "matmul_1024.mlir").read_text()))
+
+    def latency(vec: list[int], red: int) -> float:
+        return estimate_cost(apply_plan(tagged, _matmul_plan([128, 128], vec, red)).module, hw).latency_s
+
+    assert latency([8, 32], 8) > 1.12 * latency([8, 32], 4)
+    assert latency([8, 32], 16) == pytest.approx(latency([8, 32], 8), rel=0.02)
+    assert latency([4, 64], 4) > 1.12 * latency([4, 64], 2)
+    assert latency([8, 16], 16) <= latency([8, 16], 4)
+
+
+def test_a_reduction_tile_of_one_pays_part_of_its_loop_on_the_host() -> None:
+    """The out-of-order core hides most of the k loop's bookkeeping, not all: measured 5-7%
+    slower at k = 1 than at k = 2-4 with 8x32, 4x64 and 16x16 tiles (1024^3, Intel Xeon)."""
+    hw = _avx512_host()
+    with context():
+        tagged = tag_tileable_ops(parse_module((WORKLOADS / "matmul_1024.mlir").read_text()))
+
+    def latency(red: int) -> float:
+        return estimate_cost(apply_plan(tagged, _matmul_plan([128, 128], [8, 32], red)).module, hw).latency_s
+
+    assert 1.02 * latency(4) < latency(1) < 1.10 * latency(4)
 
 
 def test_overlap_between_compute_and_memory() -> None:

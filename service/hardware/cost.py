@@ -1070,11 +1070,21 @@ def _microkernel_efficiency(c: Compute, level: int, hw: HardwareModel) -> float:
     acc = m * n_vecs
     needed = acc + n_vecs + 1
     spill = min(1.0, regs / needed)
+    # The step's tile of B, [k, n], is read into registers beside the accumulators.
+    b_tile = _B_TILE_OVERFLOW_EFFICIENCY if needed <= regs < acc + math.prod(c.reduction_tile) * n_vecs + 1 else 1.0
     pipeline = min(1.0, acc / hw.compute.fma_pipeline_depth)
     loads = min(1.0, acc / (m + n_vecs))
     rows = hw.compute.register_tile_rows
     tall = min(1.0, rows / m) if rows else 1.0
-    return spill * pipeline * loads * tall * _set_conflict_efficiency(c, hw)
+    return spill * b_tile * pipeline * loads * tall * _set_conflict_efficiency(c, hw)
+
+
+# Speed left when the accumulators fit the register file and the reduction step's tile of B does
+# not. Measured (Intel Xeon, AVX-512, 32 zmm; 128x1024 and 1024x1024 matmuls, CPU time, paired):
+# 8x32 tiles at k = 8 and 16 ran 1.23-1.31x slower than at k = 4, 4x64 at k = 8 and 16 1.14-1.27x
+# slower than at k = 2, 16x16 at k = 16 1.09-1.38x slower than at k = 4; about 1.2x, not growing
+# with the overflow (the excess is re-read from L1 rather than spilled).
+_B_TILE_OVERFLOW_EFFICIENCY = 1 / 1.2
 
 
 def _set_conflict_efficiency(c: Compute, hw: HardwareModel) -> float:
