@@ -586,6 +586,8 @@ def _search(
             if not isinstance(spec.to_group(start), str):
                 context[spec.name] = start
 
+        left_whole: dict[int, str | None] = {}  # standalone tilings MLIR cannot apply: uid -> why
+
         def settle_standalone(failed: Group, reason: str | None) -> bool:
             """A standalone tiling (an op no group tiles that does not fit memory; every plan
             carries it) that MLIR could not apply: try it with scf.for, then leave the op
@@ -598,9 +600,19 @@ def _search(
                 space.standalone[uid] = failed.model_copy(update={"levels": levels})
             else:
                 space.standalone[uid] = None
-                warnings.append(f"op {uid} ({graph.op(uid).name}) does not fit memory but MLIR cannot tile it "
-                                f"on its own ({reason}); it stays whole")
+                left_whole[uid] = reason  # warned about at the end unless a group of the plan tiles it
             return True
+
+        def blamed_group(plan: Plan, ev: Evaluation, searched: dict[str, dict]) -> Group | None:
+            """The group of `plan` a failure is put down to: the one MLIR names, else (MLIR
+            located the failure in the payload only) the first standalone tiling not settled
+            yet; None when there is none to suspect."""
+            named = re.match(r"group (\d+): ", ev.reason or "")
+            if named and int(named[1]) < len(plan.groups):
+                return plan.groups[int(named[1])]
+            unsettled = [g for g in plan.groups if f"g{g.anchor}" not in searched and not g.fuse
+                         and space.standalone.get(g.anchor, g) is not None]
+            return unsettled[0] if unsettled else None
 
         def applicable_context(start: dict[str, dict]) -> dict[str, dict]:
             """The starting groups that apply together; a group whose starting tiling MLIR
@@ -617,15 +629,9 @@ def _search(
                 record([ev])
                 if ev.stage == "cost":
                     return kept
-                named = re.match(r"group (\d+): ", ev.reason or "")
-                if named and int(named[1]) < len(plan.groups):
-                    failed = plan.groups[int(named[1])]
-                else:  # MLIR located the failure in the payload only: suspect a standalone tiling
-                    unsettled = [g for g in plan.groups if f"g{g.anchor}" not in kept and not g.fuse
-                                 and space.standalone.get(g.anchor, g) is not None]
-                    if not unsettled:
-                        break
-                    failed = unsettled[0]
+                failed = blamed_group(plan, ev, kept)
+                if failed is None:
+                    break
                 name = f"g{failed.anchor}"
                 if name in kept:
                     del kept[name]
@@ -634,12 +640,23 @@ def _search(
                     break
             kept = {}
             for name, params in start.items():
-                (ev,) = evaluator.evaluate([(Candidate(params=params, source="default"), plan_of({**kept, name: params}))])
-                record([ev])
-                if ev.stage == "cost":
-                    kept[name] = params
-                elif not any(w.startswith(f"group {name} starts untiled") for w in warnings):
-                    warnings.append(f"group {name} starts untiled: its starting tiling does not apply ({ev.reason})")
+                while True:
+                    plan = plan_of({**kept, name: params})
+                    (ev,) = evaluator.evaluate([(Candidate(params=params, source="default"), plan)])
+                    record([ev])
+                    if ev.stage == "cost":
+                        kept[name] = params
+                        break
+                    # A standalone tiling that fails is settled and the group tried again: it is
+                    # not the group's failure (a concat that cannot be tiled on its own once
+                    # made every group start untiled, and every candidate carry it).
+                    failed = blamed_group(plan, ev, {**kept, name: params}) if not isinstance(plan, str) else None
+                    if failed is not None and f"g{failed.anchor}" not in {**kept, name: params} \
+                            and settle_standalone(failed, ev.reason):
+                        continue
+                    if not any(w.startswith(f"group {name} starts untiled") for w in warnings):
+                        warnings.append(f"group {name} starts untiled: its starting tiling does not apply ({ev.reason})")
+                    break
             return kept
 
         def budget_shares(start: dict[str, dict]) -> dict[str, float]:
@@ -817,6 +834,11 @@ def _search(
         evaluator.close()
     elapsed = time.perf_counter() - t_start
     assert best is not None  # the untiled module always evaluates
+    tiled_by_plan = {u for g in (best.plan or {}).get("groups", []) for u in [g["anchor"], *g.get("fuse", [])]}
+    for uid, reason in left_whole.items():
+        if uid not in tiled_by_plan:
+            warnings.append(f"op {uid} ({graph.op(uid).name}) does not fit memory but MLIR cannot tile it "
+                            f"on its own ({reason}); it stays whole")
     if not best.feasible:
         warnings.append("no feasible plan found: every evaluated candidate breaks a hardware limit; the least bad is returned (see predicted.reasons)")
 
