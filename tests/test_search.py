@@ -353,12 +353,8 @@ def test_a_two_function_module_fits_the_scratchpad():
     assert r.feasible and {g["anchor"] for g in r.plan["groups"]} == {1, 2}
 
 
-def test_a_standalone_tiling_mlir_cannot_apply_is_dropped_not_carried_by_every_plan():
-    """tensor.concat along its concat dim cannot be tiled (forall: 'not thread safe'; for:
-    'failed to tile'). Every plan carried its standalone tiling and was rejected."""
-    src = """
-func.func @concat_mm(%x: tensor<256x512xf32>, %w1: tensor<512x384xf32>, %w2: tensor<512x640xf32>) -> tensor<256x1024xf32> {
-  %zero = arith.constant 0.0 : f32
+# Two matmuls concatenated along dim 1 into %cat (uid 4), operands of different sizes.
+_CONCAT_OF_MATMULS = """  %zero = arith.constant 0.0 : f32
   %e1 = tensor.empty() : tensor<256x384xf32>
   %a1 = linalg.fill ins(%zero : f32) outs(%e1 : tensor<256x384xf32>) -> tensor<256x384xf32>
   %m1 = linalg.matmul ins(%x, %w1 : tensor<256x512xf32>, tensor<512x384xf32>) outs(%a1 : tensor<256x384xf32>) -> tensor<256x384xf32>
@@ -366,8 +362,16 @@ func.func @concat_mm(%x: tensor<256x512xf32>, %w1: tensor<512x384xf32>, %w2: ten
   %a2 = linalg.fill ins(%zero : f32) outs(%e2 : tensor<256x640xf32>) -> tensor<256x640xf32>
   %m2 = linalg.matmul ins(%x, %w2 : tensor<256x512xf32>, tensor<512x640xf32>) outs(%a2 : tensor<256x640xf32>) -> tensor<256x640xf32>
   %cat = tensor.concat dim(1) %m1, %m2 : (tensor<256x384xf32>, tensor<256x640xf32>) -> tensor<256x1024xf32>
-  return %cat : tensor<256x1024xf32>
-}"""
+"""
+
+
+def test_a_standalone_tiling_mlir_cannot_apply_is_dropped_not_carried_by_every_plan():
+    """tensor.concat along its concat dim cannot be tiled (forall: 'not thread safe'; for:
+    'failed to tile'). Every plan carried its standalone tiling and was rejected."""
+    src = f"""
+func.func @concat_mm(%x: tensor<256x512xf32>, %w1: tensor<512x384xf32>, %w2: tensor<512x640xf32>) -> tensor<256x1024xf32> {{
+{_CONCAT_OF_MATMULS}  return %cat : tensor<256x1024xf32>
+}}"""
     r = tune(src, get_profile("npu-sram-256k"), budget=60, strategy="random", seed=0, workers=0)
     assert {g["anchor"] for g in r.plan["groups"]} == {1, 3}
     assert any("op 4 (tensor.concat) does not fit memory but MLIR cannot tile it on its own" in w for w in r.warnings)
@@ -384,21 +388,13 @@ def test_a_failing_standalone_tiling_is_not_put_down_to_the_group_beside_it():
     operands of different sizes). The groups were then added one at a time, each with the
     failing standalone tiling, so every group started untiled, every candidate failed and no
     plan came back; now the standalone tiling is settled first."""
-    src = """
-func.func @concat_mm(%x: tensor<256x512xf32>, %w1: tensor<512x384xf32>, %w2: tensor<512x640xf32>, %w3: tensor<1024x256xf32>) -> tensor<256x256xf32> {
-  %zero = arith.constant 0.0 : f32
-  %e1 = tensor.empty() : tensor<256x384xf32>
-  %a1 = linalg.fill ins(%zero : f32) outs(%e1 : tensor<256x384xf32>) -> tensor<256x384xf32>
-  %m1 = linalg.matmul ins(%x, %w1 : tensor<256x512xf32>, tensor<512x384xf32>) outs(%a1 : tensor<256x384xf32>) -> tensor<256x384xf32>
-  %e2 = tensor.empty() : tensor<256x640xf32>
-  %a2 = linalg.fill ins(%zero : f32) outs(%e2 : tensor<256x640xf32>) -> tensor<256x640xf32>
-  %m2 = linalg.matmul ins(%x, %w2 : tensor<256x512xf32>, tensor<512x640xf32>) outs(%a2 : tensor<256x640xf32>) -> tensor<256x640xf32>
-  %cat = tensor.concat dim(1) %m1, %m2 : (tensor<256x384xf32>, tensor<256x640xf32>) -> tensor<256x1024xf32>
-  %e3 = tensor.empty() : tensor<256x256xf32>
+    src = f"""
+func.func @concat_mm(%x: tensor<256x512xf32>, %w1: tensor<512x384xf32>, %w2: tensor<512x640xf32>, %w3: tensor<1024x256xf32>) -> tensor<256x256xf32> {{
+{_CONCAT_OF_MATMULS}  %e3 = tensor.empty() : tensor<256x256xf32>
   %a3 = linalg.fill ins(%zero : f32) outs(%e3 : tensor<256x256xf32>) -> tensor<256x256xf32>
   %m3 = linalg.matmul ins(%cat, %w3 : tensor<256x1024xf32>, tensor<1024x256xf32>) outs(%a3 : tensor<256x256xf32>) -> tensor<256x256xf32>
   return %m3 : tensor<256x256xf32>
-}"""
+}}"""
     r = tune(src, get_profile("npu-sram-256k"), budget=24, strategy="random", seed=0, workers=0)
     assert {g["anchor"] for g in r.plan["groups"]} == {1, 3, 6}
     assert not any(w.startswith(("group g1 starts untiled", "group g3 starts untiled")) for w in r.warnings), r.warnings
