@@ -608,11 +608,19 @@ def _search(
             located the failure in the payload only) the first standalone tiling not settled
             yet; None when there is none to suspect."""
             named = re.match(r"group (\d+): ", ev.reason or "")
-            if named and int(named[1]) < len(plan.groups):
-                return plan.groups[int(named[1])]
+            # MLIR numbers the groups as the worker applied them: in canonical_json's order.
+            applied = sorted(plan.groups, key=lambda g: g.anchor)
+            if named and int(named[1]) < len(applied):
+                return applied[int(named[1])]
             unsettled = [g for g in plan.groups if f"g{g.anchor}" not in searched and not g.fuse
                          and space.standalone.get(g.anchor, g) is not None]
             return unsettled[0] if unsettled else None
+
+        def without_boundary_ops(name: str, params: dict) -> dict:
+            """The group's knobs with every optional boundary op left unfused: the start to try
+            when fusing them fails in MLIR (a consumer fused beside a fill on dynamic shapes:
+            "could not find next producer to fuse"), before the group starts untiled."""
+            return {k: False if k.startswith(f"{name}.fuse.") else v for k, v in params.items()}
 
         def applicable_context(start: dict[str, dict]) -> dict[str, dict]:
             """The starting groups that apply together; a group whose starting tiling MLIR
@@ -633,7 +641,9 @@ def _search(
                 if failed is None:
                     break
                 name = f"g{failed.anchor}"
-                if name in kept:
+                if name in kept and without_boundary_ops(name, kept[name]) != kept[name]:
+                    kept[name] = without_boundary_ops(name, kept[name])
+                elif name in kept:
                     del kept[name]
                     warnings.append(f"group {name} starts untiled: its starting tiling does not apply ({ev.reason})")
                 elif not settle_standalone(failed, ev.reason):
@@ -653,6 +663,9 @@ def _search(
                     failed = blamed_group(plan, ev, {**kept, name: params}) if not isinstance(plan, str) else None
                     if failed is not None and f"g{failed.anchor}" not in {**kept, name: params} \
                             and settle_standalone(failed, ev.reason):
+                        continue
+                    if without_boundary_ops(name, params) != params:
+                        params = without_boundary_ops(name, params)
                         continue
                     if not any(w.startswith(f"group {name} starts untiled") for w in warnings):
                         warnings.append(f"group {name} starts untiled: its starting tiling does not apply ({ev.reason})")
