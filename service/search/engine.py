@@ -29,7 +29,7 @@ from service.ir.plan import Group, Plan
 from service.ir.transform import check_plan
 
 from .candidate import Candidate, Evaluation
-from .shapes import bucket_hints, bucketed_dims, check_shapes, parse_buckets, parse_shape_hints
+from .shapes import bucket_hints, bucketed_dims, check_shapes, parse_buckets, parse_shape_hints, several_functions
 from .space import DEFAULT_DYNAMIC_EXTENT, SPACE_VERSION, GroupSpec, build_space, complete_plan
 from .strategies import STRATEGIES, SuperTilingStrategy, make_strategy, supertiling_plan
 
@@ -935,7 +935,7 @@ def tune(
     total_evals = sum(r.evaluations for _, r in results)
     total_s = sum(r.elapsed_s for _, r in results)
     warnings = sorted({w for _, r in results for w in r.warnings})
-    overridden = [f"arg{b.index} dim {b.dim}" + (f" of @{b.func}" if len({a.func for a in arguments}) > 1 else "")
+    overridden = [f"arg{b.index} dim {b.dim}" + (f" of @{b.func}" if several_functions(arguments) else "")
                   for b in bucketed_dims(graph, name) if hint_for(hints, b.func, b.index) is not None]
     if overridden:
         warnings.append(f"--bucket {name} sizes {', '.join(overridden)}, which a shape hint gave too: the bucket "

@@ -14,13 +14,13 @@ import re
 from dataclasses import dataclass
 
 from service.ir.graph import OpGraph
-from service.ir.hints import hint_for, hint_key, split_hint_key
+from service.ir.hints import HINT_NAME, hint_for, hint_key, split_hint_key
 from service.ir.mlir import context, ir
 
 from .space import DEFAULT_DYNAMIC_EXTENT
 
-# [FUNC.]argN[.D]; the function is optional and may itself contain dots.
-_ARG_DIM = re.compile(r"(?:@?(?P<func>.+)\.)?arg(?P<arg>\d+)(?:\.(?P<dim>\d+))?")
+# A bucket names [FUNC.]argN as a hint does, or one of its dims: [FUNC.]argN.D.
+_ARG_DIM = re.compile(HINT_NAME.pattern + r"(?:\.(?P<dim>\d+))?")
 _HINT_FORM, _HINT_EXAMPLE = "argN=AxB (FUNC.argN=AxB for one function)", "arg0=128x1024"
 _BUCKET_FORM, _BUCKET_EXAMPLE = "NAME=v1,v2,...", "M=1,16,128,1024"
 
@@ -158,13 +158,14 @@ def parse_buckets(items: list[str] | dict | None) -> dict[str, list[int]]:
 # --------------------------------------------------------------------------- against the module
 
 
-def _several_functions(args: list[Argument]) -> bool:
+def several_functions(args: list[Argument]) -> bool:
+    """Whether the arguments come from more than one function (messages then name it)."""
     return len({a.func for a in args}) > 1
 
 
 def _listing(args: list[Argument]) -> str:
     """'arg0 tensor<?x768xf32>, arg1 ...' (functions named when the module has several)."""
-    several = _several_functions(args)
+    several = several_functions(args)
     return ", ".join(f"{a.name} {a.type}" + (f" of @{a.func}" if several else "") for a in args) or "none"
 
 
@@ -254,7 +255,7 @@ def check_buckets(buckets: dict[str, list[int]], graph: OpGraph, arguments: list
     """Every bucket names dynamic dims the module's ops have: `[FUNC.]argN`, `[FUNC.]argN.D`, or
     a label (all)."""
     dims = _bucketable(graph)
-    several = _several_functions(arguments)
+    several = several_functions(arguments)
     types = {(a.func, a.index): a.type for a in arguments}
     choices = ", ".join(f"{_bucket_name(b, several)} ({types.get((b.func, b.index), '?')})" for b in dims)
     functions = sorted({a.func for a in arguments})
