@@ -31,7 +31,7 @@ from service.ir.transform import check_plan
 from .candidate import Candidate, Evaluation
 from .shapes import bucket_hints, bucketed_dims, check_shapes, parse_buckets, parse_shape_hints, several_functions
 from .space import DEFAULT_DYNAMIC_EXTENT, SPACE_VERSION, GroupSpec, build_space, complete_plan
-from .strategies import STRATEGIES, SuperTilingStrategy, make_strategy, supertiling_plan
+from .strategies import STRATEGIES, Strategy, SuperTilingStrategy, make_strategy, supertiling_plan
 
 log = logging.getLogger(__name__)
 
@@ -507,380 +507,413 @@ def _group_info(spec: GroupSpec) -> dict:
     }
 
 
-def _search(
-    source: str,
-    hardware: HardwareModel,
-    *,
-    budget: int,
-    seconds: float | None,
-    strategy: str,
-    seed: int,
-    shape_hints: dict[str, list[int]],
-    warm_start_plans: list[dict] | None,
-    workers: int,
-    progress: ProgressFn | None,
-    keep_pool: bool = False,
-) -> TuneResult:
-    if strategy not in STRATEGIES:
-        raise ValueError(f"unknown strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}")
-    t_start = time.perf_counter()
-    deadline = t_start + seconds if seconds else None
-    analysis = analyze(source)
-    graph = analysis.graph
-    space = build_space(graph, hardware, shape_hints)
-    warnings = list(space.notes)
-    if not graph.ops:
-        warnings.append("nothing to tile: the module has no op implementing TilingInterface (linalg, tensor.pad, ...)")
-    if space.shapes.defaulted:
-        warnings.insert(0, f"dynamic dims without a shape hint: {', '.join(space.shapes.defaulted)}; each is assumed "
-                           f"{DEFAULT_DYNAMIC_EXTENT}; pass --shape-hint argN=AxB or --bucket NAME=v1,v2,... for plans "
-                           "that match your shapes")
-    evaluator = Evaluator(source, hardware, shape_hints, workers, keep_pool)
-    trials: list[Evaluation] = []
-    best: Evaluation | None = None
+def _without_boundary_ops(name: str, params: dict) -> dict:
+    """The group's knobs with every optional boundary op left unfused: the start to try when
+    fusing them fails in MLIR (a consumer fused beside a fill on dynamic shapes: "could not find
+    next producer to fuse"), before the group starts untiled."""
+    return {k: False if k.startswith(f"{name}.fuse.") else v for k, v in params.items()}
 
-    def record(evs: list[Evaluation]) -> None:
-        nonlocal best
+
+def _judged(ev: Evaluation, spec: GroupSpec) -> Evaluation:
+    """The evaluation as `spec`'s search sees it: infeasible only for the reasons of the group's
+    own loop nests. While another group's current tiling overflows a scratchpad, every candidate
+    here is infeasible, and the search must still tell a plan that fits from one that does not."""
+    if ev.feasible or ev.stage != "cost" or ev.cost is None:
+        return ev
+    scored_for = (ev.cost.get("scope") or {}).get("group", spec.name)
+    if scored_for != spec.name:  # cached from another group's extract: no view of ours
+        return ev
+    ops = set(spec.ops)
+    own = [r for n in ev.cost["nests"] if ops & set(n["uids"]) for r in n.get("reasons", [])]
+    return ev if own else ev.model_copy(update={"feasible": True})
+
+
+class _Search:
+    """One search of one module on one hardware model, step by step (`run`).
+
+    The steps share what the search has learnt so far: the context (each group's knob values,
+    the other groups are held at while one is searched), the trials and the best of them, the
+    standalone tilings MLIR could not apply, and the warnings for the answer."""
+
+    def __init__(self, source: str, hardware: HardwareModel, *, budget: int, seconds: float | None, strategy: str,
+                 seed: int, shape_hints: dict[str, list[int]], warm_start_plans: list[dict] | None, workers: int,
+                 progress: ProgressFn | None, keep_pool: bool) -> None:
+        if strategy not in STRATEGIES:
+            raise ValueError(f"unknown strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}")
+        self.t_start = time.perf_counter()
+        self.deadline = self.t_start + seconds if seconds else None
+        self.source, self.hardware, self.budget, self.seconds = source, hardware, budget, seconds
+        self.strategy, self.seed, self.shape_hints, self.progress = strategy, seed, shape_hints, progress
+        self.warm_start_plans = warm_start_plans or []
+        self.graph = analyze(source).graph
+        self.space = build_space(self.graph, hardware, shape_hints)
+        self.warnings: list[str] = list(self.space.notes)
+        if not self.graph.ops:
+            self.warnings.append("nothing to tile: the module has no op implementing TilingInterface (linalg, tensor.pad, ...)")
+        if self.space.shapes.defaulted:
+            self.warnings.insert(0, f"dynamic dims without a shape hint: {', '.join(self.space.shapes.defaulted)}; each is "
+                                    f"assumed {DEFAULT_DYNAMIC_EXTENT}; pass --shape-hint argN=AxB or --bucket "
+                                    "NAME=v1,v2,... for plans that match your shapes")
+        self.evaluator = Evaluator(source, hardware, shape_hints, workers, keep_pool)
+        self.trials: list[Evaluation] = []
+        self.best: Evaluation | None = None
+        self.context: dict[str, dict] = {}  # group name -> its knob values in the plan so far
+        self.left_whole: dict[int, str | None] = {}  # standalone tilings MLIR cannot apply: uid -> why
+        self.layouts: dict = {}  # check_plan's memo for this graph
+        self.complete = True
+
+    # ----- bookkeeping
+
+    def record(self, evs: list[Evaluation]) -> None:
         for ev in evs:
-            trials.append(ev)
-            if _better(best, ev):
-                best = ev
-        if progress:
-            progress(evaluator.evaluations, budget, best.latency_s if best else None)
+            self.trials.append(ev)
+            if _better(self.best, ev):
+                self.best = ev
+        if self.progress:
+            self.progress(self.evaluator.evaluations, self.budget, self.best.latency_s if self.best else None)
 
-    t_search = time.perf_counter()
-    try:
-        # Baseline (seed 000) and the untiled module: always scored, whatever the budget.
-        st_plan, st_notes = supertiling_plan(graph, hardware, space.shapes)
-        warnings += st_notes
-        st = SuperTilingStrategy(st_plan)
-        st_cand = st.suggest()
+    def evaluate_one(self, plan: Plan, source: str, params: dict | None = None) -> Evaluation:
+        (ev,) = self.evaluator.evaluate([(Candidate(params=params or {}, source=source), plan)])
+        return ev
+
+    def plan_of(self, params_by_group: dict[str, dict]) -> Plan | str:
+        """The plan for these knobs, or why it is invalid (the IR core's cheap check)."""
+        merged = {k: v for p in params_by_group.values() for k, v in p.items()}
+        plan = self.space.to_plan(merged)
+        if isinstance(plan, str):
+            return plan
+        plan = complete_plan(self.space, plan, self.hardware)
+        if plan.groups:
+            try:
+                check_plan(self.graph, plan, self.layouts)
+            except PlanError as err:
+                return str(err)
+        return plan
+
+    # ----- the steps
+
+    def run(self) -> TuneResult:
+        t_search = time.perf_counter()
+        try:
+            baseline_ev, untiled_ev = self.score_baselines()
+            warm_by_group = self.score_warm_starts()
+            self.start_context(warm_by_group)
+            if self.strategy != "supertiling" and self.space.groups:
+                self.search_groups(warm_by_group)
+            search_s = max(time.perf_counter() - t_search, 1e-9)
+            self.best = self.evaluator.rescore(self.best)
+            baseline_ev = self.evaluator.rescore(baseline_ev)
+        finally:
+            self.evaluator.close()
+        return self.result(baseline_ev, untiled_ev, search_s)
+
+    def score_baselines(self) -> tuple[Evaluation, Evaluation]:
+        """The super-tiling baseline (seed 000) and the untiled module: always scored, whatever
+        the budget."""
+        st_plan, st_notes = supertiling_plan(self.graph, self.hardware, self.space.shapes)
+        self.warnings += st_notes
+        st_cand = SuperTilingStrategy(st_plan).suggest()
         untiled_cand = Candidate(params={}, source="untiled", plan=Plan())
-        base_evs = evaluator.evaluate([(st_cand, st_plan), (untiled_cand, Plan())])
-        record(base_evs)
-        baseline_ev, untiled_ev = base_evs
+        baseline_ev, untiled_ev = self.evaluator.evaluate([(st_cand, st_plan), (untiled_cand, Plan())])
+        self.record([baseline_ev, untiled_ev])
         if baseline_ev.stage != "cost":
-            warnings.append(f"the super-tiling baseline could not be applied: {baseline_ev.reason}")
+            self.warnings.append(f"the super-tiling baseline could not be applied: {baseline_ev.reason}")
+        return baseline_ev, untiled_ev
 
-        # Starting context: warm-start groups when they are in the space, else the defaults.
-        context: dict[str, dict] = {}
-        warm_by_group: dict[str, list[dict]] = {g.name: [] for g in space.groups}
-        warm_items = []
-        for i, wp in enumerate(warm_start_plans or []):
+    def score_warm_starts(self) -> dict[str, list[dict]]:
+        """Score the warm-start plans; each group's knob values in them, where in the space."""
+        warm_by_group: dict[str, list[dict]] = {g.name: [] for g in self.space.groups}
+        items = []
+        for i, wp in enumerate(self.warm_start_plans):
             try:
                 plan = Plan.model_validate(wp)
             except Exception as exc:
-                warnings.append(f"warm start plan {i} ignored: {exc}")
+                self.warnings.append(f"warm start plan {i} ignored: {exc}")
                 continue
-            warm_items.append((Candidate(params={}, source="warm_start", plan=plan), plan))
-            for spec in space.groups:
+            items.append((Candidate(params={}, source="warm_start", plan=plan), plan))
+            for spec in self.space.groups:
                 for grp in plan.groups:
                     if grp.anchor == spec.anchor:
                         p = _params_from_group(spec, grp)
                         if p is not None:
                             warm_by_group[spec.name].append(p)
-        if warm_items:
-            record(evaluator.evaluate(warm_items))
-        for spec in space.groups:
+        if items:
+            self.record(self.evaluator.evaluate(items))
+        return warm_by_group
+
+    def start_context(self, warm_by_group: dict[str, list[dict]]) -> None:
+        """Each group starts at its first warm start, else its default; when that plan does not
+        apply, at what of it does (applicable_context)."""
+        for spec in self.space.groups:
             start = (warm_by_group[spec.name] or [spec.default_params()])[0]
             if not isinstance(spec.to_group(start), str):
-                context[spec.name] = start
-
-        left_whole: dict[int, str | None] = {}  # standalone tilings MLIR cannot apply: uid -> why
-
-        def settle_standalone(failed: Group, reason: str | None) -> bool:
-            """A standalone tiling (an op no group tiles that does not fit memory; every plan
-            carries it) that MLIR could not apply: try it with scf.for, then leave the op
-            whole (tensor.concat along its concat dim). False if `failed` is not one."""
-            uid = failed.anchor
-            if failed.fuse or uid in space.standalone and space.standalone[uid] is None:
-                return False
-            if uid not in space.standalone and failed.levels[0].loop == "forall":
-                levels = [lv.model_copy(update={"loop": "for"}) for lv in failed.levels]
-                space.standalone[uid] = failed.model_copy(update={"levels": levels})
-            else:
-                space.standalone[uid] = None
-                left_whole[uid] = reason  # warned about at the end unless a group of the plan tiles it
-            return True
-
-        def blamed_group(plan: Plan, ev: Evaluation, searched: dict[str, dict]) -> Group | None:
-            """The group of `plan` a failure is put down to: the one MLIR names, else (MLIR
-            located the failure in the payload only) the first standalone tiling not settled
-            yet; None when there is none to suspect."""
-            named = re.match(r"group (\d+): ", ev.reason or "")
-            # MLIR numbers the groups as the worker applied them: in canonical_json's order.
-            applied = sorted(plan.groups, key=lambda g: g.anchor)
-            if named and int(named[1]) < len(applied):
-                return applied[int(named[1])]
-            unsettled = [g for g in plan.groups if f"g{g.anchor}" not in searched and not g.fuse
-                         and space.standalone.get(g.anchor, g) is not None]
-            return unsettled[0] if unsettled else None
-
-        def without_boundary_ops(name: str, params: dict) -> dict:
-            """The group's knobs with every optional boundary op left unfused: the start to try
-            when fusing them fails in MLIR (a consumer fused beside a fill on dynamic shapes:
-            "could not find next producer to fuse"), before the group starts untiled."""
-            return {k: False if k.startswith(f"{name}.fuse.") else v for k, v in params.items()}
-
-        def applicable_context(start: dict[str, dict]) -> dict[str, dict]:
-            """The starting groups that apply together; a group whose starting tiling MLIR
-            cannot apply (e.g. producer fusion across a collapse_shape) starts untiled, or every
-            candidate of every other group would carry its failure. The failing group is read
-            off the failure (one evaluation per failing group); when the failure names none,
-            groups are added one at a time."""
-            kept = dict(start)
-            while kept:
-                plan = plan_of(kept)
-                if isinstance(plan, str):
-                    break
-                (ev,) = evaluator.evaluate([(Candidate(params={}, source="default"), plan)])
-                record([ev])
-                if ev.stage == "cost":
-                    return kept
-                failed = blamed_group(plan, ev, kept)
-                if failed is None:
-                    break
-                name = f"g{failed.anchor}"
-                if name in kept and without_boundary_ops(name, kept[name]) != kept[name]:
-                    kept[name] = without_boundary_ops(name, kept[name])
-                elif name in kept:
-                    del kept[name]
-                    warnings.append(f"group {name} starts untiled: its starting tiling does not apply ({ev.reason})")
-                elif not settle_standalone(failed, ev.reason):
-                    break
-            kept = {}
-            for name, params in start.items():
-                while True:
-                    plan = plan_of({**kept, name: params})
-                    (ev,) = evaluator.evaluate([(Candidate(params=params, source="default"), plan)])
-                    record([ev])
-                    if ev.stage == "cost":
-                        kept[name] = params
-                        break
-                    # A standalone tiling that fails is settled and the group tried again: it is
-                    # not the group's failure (a concat that cannot be tiled on its own once
-                    # made every group start untiled, and every candidate carry it).
-                    failed = blamed_group(plan, ev, {**kept, name: params}) if not isinstance(plan, str) else None
-                    if failed is not None and f"g{failed.anchor}" not in {**kept, name: params} \
-                            and settle_standalone(failed, ev.reason):
-                        continue
-                    if without_boundary_ops(name, params) != params:
-                        params = without_boundary_ops(name, params)
-                        continue
-                    if not any(w.startswith(f"group {name} starts untiled") for w in warnings):
-                        warnings.append(f"group {name} starts untiled: its starting tiling does not apply ({ev.reason})")
-                    break
-            return kept
-
-        def budget_shares(start: dict[str, dict]) -> dict[str, float]:
-            """Each group's share of the search budget: half split evenly, half by its nests'
-            share of the starting plan's latency (in a model the matmuls dominate, a layernorm
-            group should not get as many evaluations as the FFN's)."""
-            even = {g.name: 1.0 / len(space.groups) for g in space.groups}
-            plan = plan_of(start) if start else None
-            if plan is None or isinstance(plan, str):
-                return even
-            (ev,) = evaluator.evaluate([(Candidate(params={}, source="context"), plan)])
-            if ev.stage != "cost" or not ev.cost:
-                return even
-            spent = {g.name: sum(n["latency_s"] for n in ev.cost["nests"] if set(g.ops) & set(n["uids"])) for g in space.groups}
-            total = sum(spent.values())
-            if total <= 0:
-                return even
-            return {name: 0.5 * even[name] + 0.5 * spent[name] / total for name in even}
-
-        layouts: dict = {}  # check_plan's memo for this graph
-
-        def plan_of(params_by_group: dict[str, dict]) -> Plan | str:
-            """The plan for these knobs, or why it is invalid (the IR core's cheap check)."""
-            merged = {k: v for p in params_by_group.values() for k, v in p.items()}
-            plan = space.to_plan(merged)
-            if isinstance(plan, str):
-                return plan
-            plan = complete_plan(space, plan, hardware)
-            if plan.groups:
-                try:
-                    check_plan(graph, plan, layouts)
-                except PlanError as err:
-                    return str(err)
-            return plan
-
-        if space.groups and context and strategy != "supertiling":
-            (start_ev,) = evaluator.evaluate([(Candidate(params={}, source="default"), plan_of(context))])
-            record([start_ev])
+                self.context[spec.name] = start
+        if self.space.groups and self.context and self.strategy != "supertiling":
+            start_ev = self.evaluate_one(self.plan_of(self.context), "default")
+            self.record([start_ev])
             if start_ev.stage != "cost":
-                context = applicable_context(context)
+                self.context = self.applicable_context(self.context)
 
+    def settle_standalone(self, failed: Group, reason: str | None) -> bool:
+        """A standalone tiling (an op no group tiles that does not fit memory; every plan carries
+        it) that MLIR could not apply: try it with scf.for, then leave the op whole
+        (tensor.concat along its concat dim). False if `failed` is not one."""
+        uid, standalone = failed.anchor, self.space.standalone
+        if failed.fuse or uid in standalone and standalone[uid] is None:
+            return False
+        if uid not in standalone and failed.levels[0].loop == "forall":
+            levels = [lv.model_copy(update={"loop": "for"}) for lv in failed.levels]
+            standalone[uid] = failed.model_copy(update={"levels": levels})
+        else:
+            standalone[uid] = None
+            self.left_whole[uid] = reason  # warned about at the end unless a group of the plan tiles it
+        return True
 
-        complete = True
+    def blamed_group(self, plan: Plan, ev: Evaluation, searched: dict[str, dict]) -> Group | None:
+        """The group of `plan` a failure is put down to: the one MLIR names, else (MLIR located
+        the failure in the payload only) the first standalone tiling not settled yet; None when
+        there is none to suspect."""
+        named = re.match(r"group (\d+): ", ev.reason or "")
+        # MLIR numbers the groups as the worker applied them: in canonical_json's order.
+        applied = sorted(plan.groups, key=lambda g: g.anchor)
+        if named and int(named[1]) < len(applied):
+            return applied[int(named[1])]
+        unsettled = [g for g in plan.groups if f"g{g.anchor}" not in searched and not g.fuse
+                     and self.space.standalone.get(g.anchor, g) is not None]
+        return unsettled[0] if unsettled else None
+
+    def applicable_context(self, start: dict[str, dict]) -> dict[str, dict]:
+        """The starting groups that apply together; a group whose starting tiling MLIR cannot
+        apply (e.g. producer fusion across a collapse_shape) starts without its boundary ops,
+        then untiled, or every candidate of every other group would carry its failure. The
+        failing group is read off the failure (one evaluation per failing group); when the
+        failure names none, groups are added one at a time."""
+        kept = dict(start)
+        while kept:
+            plan = self.plan_of(kept)
+            if isinstance(plan, str):
+                break
+            ev = self.evaluate_one(plan, "default")
+            self.record([ev])
+            if ev.stage == "cost":
+                return kept
+            failed = self.blamed_group(plan, ev, kept)
+            if failed is None:
+                break
+            name = f"g{failed.anchor}"
+            if name in kept and _without_boundary_ops(name, kept[name]) != kept[name]:
+                kept[name] = _without_boundary_ops(name, kept[name])
+            elif name in kept:
+                del kept[name]
+                self.warnings.append(f"group {name} starts untiled: its starting tiling does not apply ({ev.reason})")
+            elif not self.settle_standalone(failed, ev.reason):
+                break
+        kept = {}
+        for name, params in start.items():
+            while True:
+                plan = self.plan_of({**kept, name: params})
+                ev = self.evaluate_one(plan, "default", params)
+                self.record([ev])
+                if ev.stage == "cost":
+                    kept[name] = params
+                    break
+                # A standalone tiling that fails is settled and the group tried again: it is not
+                # the group's failure (a concat that cannot be tiled on its own once made every
+                # group start untiled, and every candidate carry it).
+                failed = self.blamed_group(plan, ev, {**kept, name: params}) if not isinstance(plan, str) else None
+                if failed is not None and f"g{failed.anchor}" not in {**kept, name: params} \
+                        and self.settle_standalone(failed, ev.reason):
+                    continue
+                if _without_boundary_ops(name, params) != params:
+                    params = _without_boundary_ops(name, params)
+                    continue
+                if not any(w.startswith(f"group {name} starts untiled") for w in self.warnings):
+                    self.warnings.append(f"group {name} starts untiled: its starting tiling does not apply ({ev.reason})")
+                break
+        return kept
+
+    def budget_shares(self) -> dict[str, float]:
+        """Each group's share of the search budget: half split evenly, half by its nests' share
+        of the starting plan's latency (in a model the matmuls dominate, a layernorm group should
+        not get as many evaluations as the FFN's)."""
+        groups = self.space.groups
+        even = {g.name: 1.0 / len(groups) for g in groups}
+        plan = self.plan_of(self.context) if self.context else None
+        if plan is None or isinstance(plan, str):
+            return even
+        ev = self.evaluate_one(plan, "context")
+        if ev.stage != "cost" or not ev.cost:
+            return even
+        spent = {g.name: sum(n["latency_s"] for n in ev.cost["nests"] if set(g.ops) & set(n["uids"])) for g in groups}
+        total = sum(spent.values())
+        if total <= 0:
+            return even
+        return {name: 0.5 * even[name] + 0.5 * spent[name] / total for name in even}
+
+    def search_groups(self, warm_by_group: dict[str, list[dict]]) -> None:
+        """Coordinate descent: each group in turn, with its share of the budget and the time."""
+        groups = self.space.groups
+        shares = self.budget_shares()
         unsearched: list[str] = []  # groups the budget or the time limit never reached
         # The best of each group searched so far, by the shape of its knobs: a repeated layer
         # (encoder blocks) starts from its twin's best.
         twins: dict[tuple, tuple[GroupSpec, dict]] = {}
-        if strategy != "supertiling" and space.groups:
-            shares = budget_shares(context)
-            for gi, spec in enumerate(space.groups):
-                left = sum(shares[g.name] for g in space.groups[gi:])
-                group_budget = int((budget - evaluator.evaluations) * shares[spec.name] / left)
-                spent_at_start = evaluator.evaluations
-                # The time left is shared out like the budget: with a time limit and a large
-                # budget, the first group once spent all of it and left the others unsearched.
-                group_deadline = None
-                if deadline:
-                    now = time.perf_counter()
-                    group_deadline = now + max(0.0, deadline - now) * shares[spec.name] / left
-                twin = twins.get(_knob_shape(spec, graph))
-                warm = warm_by_group[spec.name] + ([_translate(twin, spec)] if twin else [])
-                # The plan the group starts from, on the whole module (cached unless a group
-                # before this one moved the context).
-                start: Evaluation | None = None
-                ctx_plan = plan_of(context) if spec.name in context else None
-                if ctx_plan is not None and not isinstance(ctx_plan, str):
-                    (start,) = evaluator.evaluate([(Candidate(params={}, source="context"), ctx_plan)])
-                    if not start.cached:
-                        record([start])
-                scope = None
-                if start is not None and len(spec.ops) < len(graph.ops):
-                    # The group alone on an extract of its ops: cheaper evaluations, same scores.
-                    found = evaluator.group_scope(spec.name, spec.ops, start)
-                    scope = found if isinstance(found, GroupScope) else None
-                    if scope is None:
-                        warnings.append(f"group {spec.name} searched on the whole module: {found}")
-                group_best: tuple[Evaluation, dict] | None = None
-                group_start = len(trials)
-                idle = 0
-                exhausted = False
+        for gi, spec in enumerate(groups):
+            left = sum(shares[g.name] for g in groups[gi:])
+            group_budget = int((self.budget - self.evaluator.evaluations) * shares[spec.name] / left)
+            # The time left is shared out like the budget: with a time limit and a large budget,
+            # the first group once spent all of it and left the others unsearched.
+            group_deadline = None
+            if self.deadline:
+                now = time.perf_counter()
+                group_deadline = now + max(0.0, self.deadline - now) * shares[spec.name] / left
+            twin = twins.get(_knob_shape(spec, self.graph))
+            warm = warm_by_group[spec.name] + ([_translate(twin, spec)] if twin else [])
+            if not self.search_group(gi, spec, warm, group_budget, group_deadline):
+                unsearched.append(spec.name)
+            if spec.name in self.context:
+                twins[_knob_shape(spec, self.graph)] = (spec, self.context[spec.name])
+        if unsearched:
+            ran_out = "the time limit" if self.deadline and time.perf_counter() > self.deadline else "the budget"
+            self.warnings.append(f"{len(unsearched)} of {len(groups)} groups were not searched ({ran_out} ran out "
+                                 f"first): {', '.join(unsearched[:8])}{' ...' if len(unsearched) > 8 else ''} stay at "
+                                 "their starting tiling; raise --budget or --seconds")
+        if self.deadline and time.perf_counter() > self.deadline and self.evaluator.evaluations < self.budget:
+            self.complete = False
+        final = self.plan_of(self.context) if self.context else Plan()
+        if not isinstance(final, str):
+            self.record([self.evaluate_one(final, self.strategy)])
 
-                group_ops = set(spec.ops)
+    def group_start(self, spec: GroupSpec) -> tuple[Evaluation | None, GroupScope | None]:
+        """The plan the group starts from, on the whole module (cached unless a group before
+        this one moved the context), and the extract to search the group on, if it has one."""
+        ctx_plan = self.plan_of(self.context) if spec.name in self.context else None
+        if ctx_plan is None or isinstance(ctx_plan, str):
+            return None, None
+        start = self.evaluate_one(ctx_plan, "context")
+        if not start.cached:
+            self.record([start])
+        if len(spec.ops) == len(self.graph.ops):
+            return start, None
+        # The group alone on an extract of its ops: cheaper evaluations, same scores.
+        found = self.evaluator.group_scope(spec.name, spec.ops, start)
+        if isinstance(found, GroupScope):
+            return start, found
+        self.warnings.append(f"group {spec.name} searched on the whole module: {found}")
+        return start, None
 
-                def judged(ev: Evaluation) -> Evaluation:
-                    """The evaluation as this group's search sees it: infeasible only for the
-                    reasons of its own loop nests. While another group's current tiling
-                    overflows a scratchpad, every candidate here is infeasible, and the search
-                    must still tell a plan that fits from one that does not."""
-                    if ev.feasible or ev.stage != "cost" or ev.cost is None:
-                        return ev
-                    scored_for = (ev.cost.get("scope") or {}).get("group", spec.name)
-                    if scored_for != spec.name:  # cached from another group's extract: no view of ours
-                        return ev
-                    own = [r for n in ev.cost["nests"] if group_ops & set(n["uids"]) for r in n.get("reasons", [])]
-                    return ev if own else ev.model_copy(update={"feasible": True})
+    def search_group(self, gi: int, spec: GroupSpec, warm: list[dict], budget: int, deadline: float | None) -> bool:
+        """Search one group's knobs with the others held at the context; the context keeps the
+        group's best. False when the budget or the time ran out before any candidate."""
+        start, scope = self.group_start(spec)
+        group_best: tuple[Evaluation, dict] | None = None
+        if start is not None and start.latency_s is not None:
+            # Coordinate descent never steps back: the group keeps its starting tiling unless its
+            # search finds better.
+            group_best = (_judged(start, spec), self.context[spec.name])
+        if group_best is None or not group_best[0].feasible:
+            # The start does not fit: the plan with the smallest footprint first. When any plan
+            # fits, this one most likely does, and TPE then has a feasible region to learn from
+            # (a ResNet block on a 256 KiB scratchpad: none of 600 otherwise).
+            warm.append(spec.smallest_params())
+        strat = make_strategy(self.strategy, spec.knobs(), self.seed + gi, warm, identity=spec.identity)
+        group_start = len(self.trials)
+        group_best = self.propose_and_evaluate(spec, strat, scope, budget, deadline, group_best)
+        tried = [t for t in self.trials[group_start:] if t.source == self.strategy]
+        if not tried:
+            return False
+        if group_best is None:
+            rejected = Counter(t.reason for t in tried if t.stage != "cost" and t.reason)
+            why = f" (most often: {rejected.most_common(1)[0][0]})" if rejected else ""
+            self.warnings.append(f"group {spec.name}: none of its candidates could be applied{why}; it stays "
+                                 + ("at its starting tiling" if spec.name in self.context else "untiled"))
+        elif spec.name not in self.context or group_best[0].feasible or not any(t.feasible for t in self.trials):
+            self.context[spec.name] = group_best[1]
+        return True
 
-                if start is not None and start.latency_s is not None:
-                    # Coordinate descent never steps back: the group keeps its starting tiling
-                    # unless its search finds better.
-                    group_best = (judged(start), context[spec.name])
-                if group_best is None or not group_best[0].feasible:
-                    # The start does not fit: the plan with the smallest footprint first. When any
-                    # plan fits, this one most likely does, and TPE then has a feasible region to
-                    # learn from (a ResNet block on a 256 KiB scratchpad: none of 600 otherwise).
-                    warm.append(spec.smallest_params())
-                strat = make_strategy(strategy, spec.knobs(), seed + gi, warm, identity=spec.identity)
-
-                def finish(batch_pending) -> None:
-                    nonlocal group_best
-                    cands, handle = batch_pending
-                    evs = evaluator.collect(handle)
-                    for c, ev in zip(cands, evs):
-                        seen = judged(ev)
-                        strat.tell(c, seen)
-                        if seen.latency_s is not None and (group_best is None or _better(group_best[0], seen)):
-                            group_best = (seen, c.params)
-                    record(evs)
-
-                # One batch in flight while the strategy proposes the next (Optuna's ask is not
-                # free); the ask/tell order is fixed, so the worker count does not change it.
-                pending = None
-                proposed = 0
-                while True:
-                    launched = None
-                    room = group_budget - (evaluator.evaluations - spent_at_start)
-                    if group_deadline and time.perf_counter() > group_deadline:
-                        complete = False
-                    elif not exhausted and room > 0 and (idle < _CONVERGED_AFTER or strategy == "exhaustive"):
-                        cands = []
-                        for _ in range(min(_batch_size(proposed), room)):
-                            c = strat.suggest()
-                            if c is None:
-                                exhausted = True
-                                break
-                            cands.append(c)
-                        proposed += len(cands)
-                        if cands:
-                            items = [(c, plan_of({**context, spec.name: c.params})) for c in cands]
-                            before = evaluator.evaluations
-                            launched = (cands, evaluator.submit(items, scope))
-                            # Pruned and cached suggestions are cheap but not free (Optuna's ask):
-                            # a strategy proposing nothing new for a while has converged.
-                            idle = 0 if evaluator.evaluations > before else idle + len(cands)
-                    if pending is not None:
-                        finish(pending)
-                    pending = launched
-                    if pending is None:
+    def propose_and_evaluate(self, spec: GroupSpec, strat: Strategy, scope: GroupScope | None, budget: int,
+                             deadline: float | None, group_best: tuple[Evaluation, dict] | None
+                             ) -> tuple[Evaluation, dict] | None:
+        """The strategy's loop for one group: one batch in flight while the strategy proposes the
+        next (Optuna's ask is not free); the ask/tell order is fixed, so the worker count does
+        not change it. Returns the group's best (evaluation, knob values)."""
+        evaluator = self.evaluator
+        spent_at_start = evaluator.evaluations
+        idle = proposed = 0
+        exhausted = False
+        pending = None
+        while True:
+            launched = None
+            room = budget - (evaluator.evaluations - spent_at_start)
+            if deadline and time.perf_counter() > deadline:
+                self.complete = False
+            elif not exhausted and room > 0 and (idle < _CONVERGED_AFTER or self.strategy == "exhaustive"):
+                cands = []
+                for _ in range(min(_batch_size(proposed), room)):
+                    c = strat.suggest()
+                    if c is None:
+                        exhausted = True
                         break
-                tried = [t for t in trials[group_start:] if t.source == strategy]
-                if not tried:
-                    unsearched.append(spec.name)
-                elif group_best is None:
-                    rejected = Counter(t.reason for t in tried if t.stage != "cost" and t.reason)
-                    why = f" (most often: {rejected.most_common(1)[0][0]})" if rejected else ""
-                    warnings.append(f"group {spec.name}: none of its candidates could be applied{why}; it stays "
-                                    + ("at its starting tiling" if spec.name in context else "untiled"))
-                elif spec.name not in context or group_best[0].feasible or not any(t.feasible for t in trials):
-                    context[spec.name] = group_best[1]
-                if spec.name in context:
-                    twins[_knob_shape(spec, graph)] = (spec, context[spec.name])
-            if unsearched:
-                ran_out = "the time limit" if deadline and time.perf_counter() > deadline else "the budget"
-                warnings.append(f"{len(unsearched)} of {len(space.groups)} groups were not searched ({ran_out} ran out "
-                                f"first): {', '.join(unsearched[:8])}{' ...' if len(unsearched) > 8 else ''} stay at their "
-                                "starting tiling; raise --budget or --seconds")
-            if deadline and time.perf_counter() > deadline and evaluator.evaluations < budget:
-                complete = False
-            final = plan_of(context) if context else Plan()
-            if not isinstance(final, str):
-                record(evaluator.evaluate([(Candidate(params={}, source=strategy), final)]))
-        search_s = max(time.perf_counter() - t_search, 1e-9)
-        best = evaluator.rescore(best)
-        baseline_ev = evaluator.rescore(baseline_ev)
-    finally:
-        evaluator.close()
-    elapsed = time.perf_counter() - t_start
-    assert best is not None  # the untiled module always evaluates
-    tiled_by_plan = {u for g in (best.plan or {}).get("groups", []) for u in [g["anchor"], *g.get("fuse", [])]}
-    for uid, reason in left_whole.items():
-        if uid not in tiled_by_plan:
-            warnings.append(f"op {uid} ({graph.op(uid).name}) does not fit memory but MLIR cannot tile it "
-                            f"on its own ({reason}); it stays whole")
-    if not best.feasible:
-        warnings.append("no feasible plan found: every evaluated candidate breaks a hardware limit; the least bad is returned (see predicted.reasons)")
+                    cands.append(c)
+                proposed += len(cands)
+                if cands:
+                    items = [(c, self.plan_of({**self.context, spec.name: c.params})) for c in cands]
+                    before = evaluator.evaluations
+                    launched = (cands, evaluator.submit(items, scope))
+                    # Pruned and cached suggestions are cheap but not free (Optuna's ask): a
+                    # strategy proposing nothing new for a while has converged.
+                    idle = 0 if evaluator.evaluations > before else idle + len(cands)
+            if pending is not None:
+                cands, handle = pending
+                evs = evaluator.collect(handle)
+                for c, ev in zip(cands, evs):
+                    seen = _judged(ev, spec)
+                    strat.tell(c, seen)
+                    if seen.latency_s is not None and (group_best is None or _better(group_best[0], seen)):
+                        group_best = (seen, c.params)
+                self.record(evs)
+            pending = launched
+            if pending is None:
+                return group_best
 
-    def brief(ev: Evaluation | None) -> dict | None:
-        if ev is None:
-            return None
-        return {"plan": ev.plan, "latency_s": ev.latency_s, "feasible": ev.feasible, "bound_by": ev.bound_by, "reason": ev.reason, "stage": ev.stage}
+    def result(self, baseline_ev: Evaluation, untiled_ev: Evaluation, search_s: float) -> TuneResult:
+        best = self.best
+        assert best is not None  # the untiled module always evaluates
+        warnings = self.warnings
+        tiled_by_plan = {u for g in (best.plan or {}).get("groups", []) for u in [g["anchor"], *g.get("fuse", [])]}
+        for uid, reason in self.left_whole.items():
+            if uid not in tiled_by_plan:
+                warnings.append(f"op {uid} ({self.graph.op(uid).name}) does not fit memory but MLIR cannot tile it "
+                                f"on its own ({reason}); it stays whole")
+        if not best.feasible:
+            warnings.append("no feasible plan found: every evaluated candidate breaks a hardware limit; the least bad "
+                            "is returned (see predicted.reasons)")
 
-    return TuneResult(
-        plan=best.plan or {"groups": []},
-        plan_hash=best.plan_hash or "",
-        predicted=best.cost or {"latency_s": best.latency_s, "feasible": best.feasible},
-        feasible=best.feasible,
-        baseline=brief(baseline_ev),
-        untiled=brief(untiled_ev),
-        strategy=strategy,
-        seed=seed,
-        budget=budget,
-        seconds_limit=seconds,
-        evaluations=evaluator.evaluations,
-        evaluations_per_s=evaluator.evaluations / search_s,
-        elapsed_s=elapsed,
-        complete=complete,
-        space_size=space.size(),
-        groups=[_group_info(g) for g in space.groups],
-        trials=trials,
-        warnings=warnings,
-        shape_hints=shape_hints,
-    )
+        def brief(ev: Evaluation) -> dict:
+            return {"plan": ev.plan, "latency_s": ev.latency_s, "feasible": ev.feasible, "bound_by": ev.bound_by,
+                    "reason": ev.reason, "stage": ev.stage}
+
+        return TuneResult(
+            plan=best.plan or {"groups": []},
+            plan_hash=best.plan_hash or "",
+            predicted=best.cost or {"latency_s": best.latency_s, "feasible": best.feasible},
+            feasible=best.feasible,
+            baseline=brief(baseline_ev),
+            untiled=brief(untiled_ev),
+            strategy=self.strategy,
+            seed=self.seed,
+            budget=self.budget,
+            seconds_limit=self.seconds,
+            evaluations=self.evaluator.evaluations,
+            evaluations_per_s=self.evaluator.evaluations / search_s,
+            elapsed_s=time.perf_counter() - self.t_start,
+            complete=self.complete,
+            space_size=self.space.size(),
+            groups=[_group_info(g) for g in self.space.groups],
+            trials=self.trials,
+            warnings=warnings,
+            shape_hints=self.shape_hints,
+        )
 
 
 def tune(
@@ -915,7 +948,7 @@ def tune(
     common = dict(strategy=strategy, seed=seed, warm_start_plans=warm_start_plans, workers=workers, progress=progress,
                   keep_pool=keep_pool)
     if analysis is None or not bucket_map:
-        return _search(source_text, hardware, budget=budget, seconds=seconds, shape_hints=hints, **common)
+        return _Search(source_text, hardware, budget=budget, seconds=seconds, shape_hints=hints, **common).run()
     (name, values), = bucket_map.items()
     graph = analysis.graph
     share_budget = max(10, budget // len(values))
@@ -923,7 +956,7 @@ def tune(
     results: list[tuple[int, TuneResult]] = []
     for v in values:
         bh = bucket_hints(graph, arguments, name, v, hints)
-        results.append((v, _search(source_text, hardware, budget=share_budget, seconds=share_s, shape_hints=bh, **common)))
+        results.append((v, _Search(source_text, hardware, budget=share_budget, seconds=share_s, shape_hints=bh, **common).run()))
     bucket_results, dispatch = [], []
     low: int | None = None
     for i, (v, r) in enumerate(results):
