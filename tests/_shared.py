@@ -27,3 +27,33 @@ func.func @f(%x: tensor<12x128x64xf32>, %w: tensor<768x768xf32>) -> tensor<128x7
   %m = linalg.matmul ins(%c, %w : tensor<128x768xf32>, tensor<768x768xf32>) outs(%a : tensor<128x768xf32>) -> tensor<128x768xf32>
   return %m : tensor<128x768xf32>
 }"""
+
+
+def write_cpu_sysfs(root: Path, caches: list[tuple[int, str, str, str, str | None]], cpuinfo: str) -> tuple[Path, Path]:
+    """A fake /sys/devices/system/cpu/cpu0 and /proc/cpuinfo under root, for detect_host_cpu:
+    caches are (level, type, size, shared_cpu_list, ways or None), lines of 64 B."""
+    cache = root / "cpu0" / "cache"
+    for i, (level, kind, size, shared, ways) in enumerate(caches):
+        d = cache / f"index{i}"
+        d.mkdir(parents=True)
+        (d / "level").write_text(f"{level}\n")
+        (d / "type").write_text(kind + "\n")
+        (d / "size").write_text(size + "\n")
+        (d / "shared_cpu_list").write_text(shared + "\n")
+        (d / "coherency_line_size").write_text("64\n")
+        if ways is not None:  # some sysfs lack it: the level then has no set-conflict term
+            (d / "ways_of_associativity").write_text(ways + "\n")
+    (root / "cpuinfo").write_text(cpuinfo)
+    return root / "cpu0", root / "cpuinfo"
+
+
+# The host the tests' expectations were measured on and last passed on (session 6's Intel Xeon:
+# Sapphire Rapids class, AVX-512, L1d 48 KiB / 12 ways, L2 2 MiB, L3 shared), pinned as the
+# tests' `host-cpu` so that a CI machine with other caches or vectors checks the same model.
+REFERENCE_HOST_CACHES = [
+    (1, "Data", "48K", "0", "12"),
+    (1, "Instruction", "32K", "0", "8"),
+    (2, "Unified", "2048K", "0", "16"),
+    (3, "Unified", "307200K", "0-1", "15"),
+]
+REFERENCE_HOST_CPUINFO = "processor\t: 0\nvendor_id\t: GenuineIntel\nflags\t\t: fpu sse sse2 avx avx2 fma avx512f\n"

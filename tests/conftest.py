@@ -19,6 +19,9 @@ from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import NullPool
 
+from tests._shared import REFERENCE_HOST_CACHES, REFERENCE_HOST_CPUINFO, write_cpu_sysfs
+
+from service.hardware.profiles import detect_host_cpu, save_profile
 from service.store import migrate
 from service.store.db import make_engine, make_sessionmaker, normalize_url
 
@@ -27,10 +30,15 @@ DEFAULT_TEST_PG_URL = "postgresql+psycopg://postgres:postgres@127.0.0.1:5432/til
 
 @pytest.fixture(autouse=True, scope="session")
 def _isolated_hardware_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """Built-in profiles only: a calibrated profile in ./var/hardware must not change results.
-    Set before any sandbox worker starts, so workers inherit it too."""
+    """Built-in profiles only, with `host-cpu` pinned to the reference host: a calibrated profile
+    in ./var/hardware must not change results, and neither must the caches or vector width of
+    the machine CI happens to run on (detection itself is tested on the real host and on fake
+    sysfs trees). Set before any sandbox worker starts, so workers inherit it too."""
     previous = os.environ.get("TILESEARCH_HARDWARE_DIR")
-    os.environ["TILESEARCH_HARDWARE_DIR"] = str(tmp_path_factory.mktemp("hardware"))
+    directory = tmp_path_factory.mktemp("hardware")
+    cpu_dir, cpuinfo = write_cpu_sysfs(tmp_path_factory.mktemp("reference-host"), REFERENCE_HOST_CACHES, REFERENCE_HOST_CPUINFO)
+    save_profile(detect_host_cpu(cpu_dir, cpuinfo, cores=2), directory)
+    os.environ["TILESEARCH_HARDWARE_DIR"] = str(directory)
     yield
     if previous is None:
         os.environ.pop("TILESEARCH_HARDWARE_DIR", None)

@@ -13,6 +13,7 @@ from service.hardware.profiles import (
     list_profiles,
     save_profile,
 )
+from tests._shared import write_cpu_sysfs
 
 
 def _model(levels, cores=1):
@@ -57,20 +58,12 @@ def test_builtin_profiles():
 
 
 def test_host_detection_reads_sysfs(tmp_path):
-    cache = tmp_path / "cpu0" / "cache"
-    for i, (level, kind, size, shared, ways) in enumerate([(1, "Data", "48K", "0", "12"), (1, "Instruction", "32K", "0", "8"), (2, "Unified", "1024K", "0", "16"), (3, "Unified", "32768K", "0-1", None)]):
-        d = cache / f"index{i}"
-        d.mkdir(parents=True)
-        (d / "level").write_text(f"{level}\n")
-        (d / "type").write_text(kind + "\n")
-        (d / "size").write_text(size + "\n")
-        (d / "shared_cpu_list").write_text(shared + "\n")
-        (d / "coherency_line_size").write_text("64\n")
-        if ways is not None:  # some sysfs lack it: the level then has no set-conflict term
-            (d / "ways_of_associativity").write_text(ways + "\n")
-    cpuinfo = tmp_path / "cpuinfo"
-    cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu sse avx2 avx512f\n")
-    hw = detect_host_cpu(tmp_path / "cpu0", cpuinfo, cores=2)
+    cpu_dir, cpuinfo = write_cpu_sysfs(
+        tmp_path,
+        [(1, "Data", "48K", "0", "12"), (1, "Instruction", "32K", "0", "8"), (2, "Unified", "1024K", "0", "16"), (3, "Unified", "32768K", "0-1", None)],
+        "processor\t: 0\nflags\t\t: fpu sse avx2 avx512f\n",
+    )
+    hw = detect_host_cpu(cpu_dir, cpuinfo, cores=2)
     assert [lv.name for lv in hw.memory_levels] == ["DRAM", "L3", "L2", "L1"]
     assert [lv.capacity_bytes for lv in hw.memory_levels[1:]] == [32 << 20, 1 << 20, 48 << 10]
     assert hw.level("L3").shared and not hw.level("L1").shared
@@ -89,7 +82,7 @@ def test_a_cpu_without_cache_sysfs_still_gets_a_profile(tmp_path):
 
 
 def test_real_host_profile_has_this_machines_l1():
-    hw = get_profile("host-cpu")
+    hw = detect_host_cpu()  # the tests' `host-cpu` is the pinned reference host (conftest)
     assert hw.level("L1").capacity_bytes == int(open("/sys/devices/system/cpu/cpu0/cache/index0/size").read().strip()[:-1]) * 1024
 
 
