@@ -73,6 +73,19 @@ def test_host_detection_reads_sysfs(tmp_path):
     assert hw.compute.register_tile_rows is None  # tall tiles are priced by L1 set conflicts instead
 
 
+def test_the_vector_tile_limit_follows_the_vector_width(tmp_path):
+    """IREE refuses vector ops of 512 native vectors or more: 32 KiB with AVX-512, 16 KiB with
+    AVX2 (the 32 KiB of an AVX-512 host made every predicted-best plan fail to compile on an
+    AVX2 EPYC)."""
+    widths = {}
+    for flags in ("avx2 avx512f", "avx2", "sse2"):
+        cpuinfo = tmp_path / f"cpuinfo-{flags.replace(' ', '-')}"
+        cpuinfo.write_text(f"processor\t: 0\nflags\t\t: fpu {flags}\n")
+        hw = detect_host_cpu(tmp_path / "no-sysfs", cpuinfo, cores=2)
+        widths[flags] = (hw.compute.vector_width_bytes, hw.max_vector_tile_bytes)
+    assert widths == {"avx2 avx512f": (64, 32 << 10), "avx2": (32, 16 << 10), "sse2": (16, 8 << 10)}
+
+
 def test_a_cpu_without_cache_sysfs_still_gets_a_profile(tmp_path):
     cpuinfo = tmp_path / "cpuinfo"
     cpuinfo.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\nflags\t\t: fpu avx2 avx512f\n")

@@ -129,6 +129,7 @@ _HOST_DRAM_BANDWIDTH = 25e9
 # Flops per cycle per core per f32 lane: FMA (2) x 2 FMA pipes; at an effective 2 GHz this gives
 # 256 GFLOP/s for 2 AVX-512 cores, the ~257 GFLOP/s numpy reaches here on a 1024^3 matmul.
 _HOST_EFFECTIVE_HZ = 2.0e9
+_IREE_MAX_NATIVE_VECTORS = 512
 
 
 def detect_host_cpu(
@@ -175,7 +176,10 @@ def detect_host_cpu(
         # matmul's 8x32 / 4x64 / 16x16 register tiles ran 5-7% slower at k = 1 than at k = 2-4
         # (Intel Xeon, CPU time, paired), about 1/8 of loop_overhead_s per k step.
         innermost_loop_overhead_fraction=0.125,
-        max_vector_tile_bytes=32 * KiB,  # IREE CPU: >= 8192 f32 vector elements fails to compile
+        # IREE's CPU backend refuses a vector op of nativeVectorSize x 512 bytes or more
+        # (LLVMCPUVerifyVectorSizeLegality, iree-llvmcpu-max-allowed-number-of-native-vectors):
+        # 32 KiB with AVX-512, 16 KiB with AVX2 (an 8x16x32 f32 step failed on an AMD EPYC).
+        max_vector_tile_bytes=_IREE_MAX_NATIVE_VECTORS * vector_width,
     )
 
 
