@@ -9,10 +9,12 @@ from service.ir.mlir import context, ir
 from service.measure.iree import (
     BenchSettings,
     LoweringConfig,
+    chosen_translation_infos,
     NotMeasurable,
     compilation_info_text,
     find_anchor,
     force_plan,
+    host_translation_info,
     iterator_types_of,
     lowering_config_from_levels,
     measure_plan,
@@ -148,6 +150,26 @@ def test_tiny_matmul_forced_and_default_are_measured():
     assert result.forced.config[0].distribution == [32, 32, 0]
     # The default reports what IREE chose for the matmul (it has all three levels).
     assert result.default.config and result.default.config[0].distribution[2] == 0
+
+
+def test_force_plan_sets_the_translation_info_it_is_given():
+    options = "#iree_codegen.translation_info<pipeline = #iree_cpu.pipeline<DoubleTilingExpert>, {enable_loop_peeling}>"
+    forced = force_plan(TINY_MATMUL, matmul_plan([32, 32, 0], [8, 16, 0], [0, 0, 16]), translation_info=options)
+    with context():
+        matmul = find_anchor(ir.Module.parse(forced.text), ("linalg.matmul", 0))
+        assert "{enable_loop_peeling}" in str(matmul.attributes["compilation_info"])
+
+
+@pytest.mark.slow
+def test_a_forced_plan_uses_the_translation_info_of_irees_default_on_this_host(tmp_path):
+    """Only the tile sizes may differ from IREE's default: on an AVX2 host IREE peels remainder
+    iterations (enable_loop_peeling), and a forced config without it ran masked vectors, 2.4x
+    slower than the default at the default's own tile sizes (dynamic_matmul, AMD EPYC)."""
+    result = measure_plan_and_default(TINY_MATMUL, matmul_plan([32, 32, 0], [8, 8, 0], [0, 0, 8]), settings=FAST,
+                                      keep_dir=tmp_path)
+    assert result.forced.ok and result.default.ok, (result.forced.error, result.default.error)
+    default = chosen_translation_infos(tmp_path / "default_configs")
+    assert default and set(chosen_translation_infos(tmp_path / "forced0_configs")) == {host_translation_info()} == {default[0]}
 
 
 @pytest.mark.slow

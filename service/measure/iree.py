@@ -13,8 +13,10 @@ instead of producing a measurement of IREE's own config under the plan's name.
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import json
+import logging
 import os
 import re
 import statistics
@@ -35,9 +37,7 @@ PARALLEL = "parallel"
 REDUCTION = "reduction"
 DEFAULT_PIPELINE = "DoubleTilingExpert"
 
-# IREE 3.13 on CPU: vector tiles of this many f32 elements (32 KiB) or more fail to compile with
-# "large vector sizes" (DESIGN.md). Exposed so that the host-cpu model can call them infeasible.
-MAX_VECTOR_TILE_BYTES = 32 * 1024
+log = logging.getLogger(__name__)
 
 # Ops whose `compilation_info` IREE 3.13 silently drops and replaces with its own config (checked
 # for conv_2d; other ops are caught after compiling, by comparing with the configs IREE dumps).
@@ -174,19 +174,25 @@ def lowering_config_text(config: LoweringConfig) -> str:
     )
 
 
-def compilation_info_text(config: LoweringConfig, pipeline: str = DEFAULT_PIPELINE) -> str:
-    """The `compilation_info` attribute text that forces `config` on an op (DESIGN.md syntax)."""
+def translation_info_text(pipeline: str = DEFAULT_PIPELINE) -> str:
+    """A translation_info with the pipeline alone (no pipeline options)."""
+    return f"#iree_codegen.translation_info<pipeline = #iree_cpu.pipeline<{pipeline}>>"
+
+
+def compilation_info_text(config: LoweringConfig, translation_info: str | None = None) -> str:
+    """The `compilation_info` attribute text that forces `config` on an op (DESIGN.md syntax),
+    with `translation_info` (default: DoubleTilingExpert without options)."""
     return (
         "#iree_codegen.compilation_info<"
         f"lowering_config = {lowering_config_text(config)}, "
-        "translation_info = #iree_codegen.translation_info<"
-        f"pipeline = #iree_cpu.pipeline<{pipeline}>>>"
+        f"translation_info = {translation_info or translation_info_text()}>"
     )
 
 
 def vector_tile_elements(config: LoweringConfig) -> int:
     """Elements of the innermost vector tile: product of non-zero vector_common_parallel sizes
-    times the non-zero reduction sizes. IREE 3.13 fails at >= 8192 f32 (MAX_VECTOR_TILE_BYTES)."""
+    times the non-zero reduction sizes. IREE fails at 512 native vectors or more (8192 f32 with
+    AVX-512, 4096 with AVX2: the host profile's max_vector_tile_bytes)."""
     n = 1
     for s in config.vector_common_parallel + config.vector_reduction:
         if s:
@@ -362,14 +368,17 @@ def force_plan(
     plan: Any,
     *,
     anchor_of: Callable[[Any], AnchorRef] | None = None,
-    pipeline: str = DEFAULT_PIPELINE,
+    translation_info: str | None = None,
     shape_hints: Mapping[str, Sequence[int]] | None = None,
 ) -> ForcedModule:
     """Parse `module_text`, set each group's config as `compilation_info` on its anchor op.
 
     `anchor_of` maps a group's `anchor` field to an AnchorRef (default: the field itself, an
-    int uid). Raises NotMeasurable for anchors whose config IREE would silently drop.
+    int uid). `translation_info` defaults to the one IREE's own config uses on this host
+    (host_translation_info), so that only the tile sizes differ from IREE's default.
+    Raises NotMeasurable for anchors whose config IREE would silently drop.
     """
+    translation_info = translation_info or host_translation_info()
     with context():
         module = ir.Module.parse(module_text)
         tagging = _uid_tagging()
@@ -387,7 +396,7 @@ def force_plan(
                 )
             label = f"{group['anchor']} ({op.name})"
             config = lowering_config_from_levels(group["levels"], iterator_types_of(op), anchor=label)
-            op.attributes["compilation_info"] = ir.Attribute.parse(compilation_info_text(config, pipeline))
+            op.attributes["compilation_info"] = ir.Attribute.parse(compilation_info_text(config, translation_info))
             configs.append(config)
             funcs.add(_func_name(_enclosing_func(op)))
         if len(funcs) != 1:
@@ -466,6 +475,50 @@ def chosen_lowering_configs(configs_dir: Path) -> list[str]:
     for path in sorted(configs_dir.glob("*.mlir")):
         found.extend(_LOWERING_CONFIG_RE.findall(path.read_text()))
     return found
+
+
+def chosen_translation_infos(configs_dir: Path) -> list[str]:
+    """The translation_info attributes IREE gave the dispatch functions, read from its
+    executable-configuration dumps with the real MLIR parser."""
+    found: list[str] = []
+    with context():
+        for path in sorted(configs_dir.glob("*.mlir")):
+            module = ir.Module.parse(path.read_text())
+            for op in _walk(module, lambda op: "translation_info" in op.attributes):
+                found.append(str(op.attributes["translation_info"]))
+    return found
+
+
+# A static matmul: what IREE's CPU default chooses for it shows the pipeline options it uses on
+# this host. On x86 without AVX-512 (an AVX2 AMD EPYC) it turns on loop peeling (remainders
+# peeled, not masked); a forced config without it ran masked vectors, 2.4x slower than IREE's
+# default at IREE's own tile sizes on a dynamic matmul.
+_PROBE_MATMUL = """
+func.func @probe(%a: tensor<64x64xf32>, %b: tensor<64x64xf32>, %c: tensor<64x64xf32>) -> tensor<64x64xf32> {
+  %r = linalg.matmul ins(%a, %b : tensor<64x64xf32>, tensor<64x64xf32>) outs(%c : tensor<64x64xf32>) -> tensor<64x64xf32>
+  return %r : tensor<64x64xf32>
+}
+"""
+
+
+@functools.cache
+def host_translation_info() -> str:
+    """The translation_info IREE's own CPU config gives a matmul on this host (pipeline and
+    options, e.g. `{enable_loop_peeling}` on AVX2), from one probe compile per process; the
+    plain DoubleTilingExpert one when the probe fails or IREE picks another pipeline (a forced
+    config is a DoubleTilingExpert config)."""
+    plain = translation_info_text()
+    with tempfile.TemporaryDirectory(prefix="tilesearch-probe-") as tmp:
+        workdir = Path(tmp)
+        (workdir / "probe.mlir").write_text(_PROBE_MATMUL)
+        try:
+            compile_module(workdir / "probe.mlir", workdir / "probe.vmfb", workdir / "configs", 120.0)
+            chosen = chosen_translation_infos(workdir / "configs")
+        except (ToolFailure, OSError, ir.MLIRError) as err:
+            log.warning("IREE's pipeline options on this host are unknown (%s); forcing %s", err, plain)
+            return plain
+    ours = [t for t in chosen if f"#iree_cpu.pipeline<{DEFAULT_PIPELINE}>" in t]
+    return ours[0] if ours else plain
 
 
 def _config_from_text(text: str) -> LoweringConfig | None:
