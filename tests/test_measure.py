@@ -290,3 +290,16 @@ def test_tune_measure_top_times_the_candidates_and_the_default(tmp_path):
     assert measured["default_cpu_s"] > 0 and len(measured["candidates"]) == 2
     chosen = measured["candidates"][measured["chosen"]]
     assert chosen["cpu_s"] == min(c["cpu_s"] for c in measured["candidates"])
+
+
+def test_a_cached_measurement_of_a_forced_plan_is_keyed_by_the_translation_info(monkeypatch):
+    """A forced plan's timing depends on the pipeline options it is compiled with (peeling or
+    masking): a cache filled under other options must not answer."""
+    from service.measure import cache
+
+    plan = matmul_plan([32, 32, 0], [8, 16, 0], [0, 0, 16])
+    monkeypatch.setattr(cache, "host_translation_info", lambda: "masking")
+    masked, default = cache.measurement_key(TINY_MATMUL, plan, FAST), cache.measurement_key(TINY_MATMUL, None, FAST)
+    monkeypatch.setattr(cache, "host_translation_info", lambda: "peeling")
+    assert cache.measurement_key(TINY_MATMUL, plan, FAST) != masked
+    assert cache.measurement_key(TINY_MATMUL, None, FAST) == default

@@ -1,7 +1,7 @@
 """On-disk cache of measurements, so calibration and the fidelity benchmark share their runs.
 
-Keyed by what determines a timing: the module text, the forced plan (or none: IREE's default),
-the IREE version and the benchmark settings. One JSON object per line; appends only, the last
+Keyed by what determines a timing: the module text, the forced plan (or none: IREE's default)
+and the translation_info it is forced with, the IREE version and the benchmark settings. One JSON object per line; appends only, the last
 entry for a key wins. Not a store of record: deleting the file only costs re-measuring.
 """
 
@@ -13,7 +13,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from .iree import BenchSettings, Measurement, iree_version
+from .iree import BenchSettings, Measurement, host_translation_info, iree_version
 
 DEFAULT_CACHE_PATH = Path("./var/measure/measurements.jsonl")
 
@@ -27,7 +27,9 @@ def measurement_key(module_text: str, plan: Any | None, settings: BenchSettings)
             "plan": plan,
             "iree": iree_version(),
             "settings": asdict(settings),
-            "schema": 2,  # 2: measurements carry CPU time
+            # A forced plan is compiled with the pipeline options IREE uses on this host.
+            "translation_info": None if plan is None else host_translation_info(),
+            "schema": 3,  # 2: measurements carry CPU time; 3: and forced plans the host's options
         },
         sort_keys=True,
         default=str,
