@@ -86,6 +86,16 @@ def test_the_vector_tile_limit_follows_the_vector_width(tmp_path):
     assert widths == {"avx2 avx512f": (64, 32 << 10), "avx2": (32, 16 << 10), "sse2": (16, 8 << 10)}
 
 
+def test_the_accumulators_a_register_tile_needs_follow_the_vendor(tmp_path):
+    """Measured: Intel Xeon tiles need 12 independent accumulators, AMD ones (Zen 1, Zen 4) 8."""
+    depth = {}
+    for vendor in ("GenuineIntel", "AuthenticAMD", "HygonGenuine", "CentaurHauls"):
+        cpuinfo = tmp_path / f"cpuinfo-{vendor}"
+        cpuinfo.write_text(f"processor\t: 0\nvendor_id\t: {vendor}\nflags\t\t: fpu avx2\n")
+        depth[vendor] = detect_host_cpu(tmp_path / "no-sysfs", cpuinfo, cores=2).compute.fma_pipeline_depth
+    assert depth == {"GenuineIntel": 12, "AuthenticAMD": 8, "HygonGenuine": 8, "CentaurHauls": 12}
+
+
 def test_a_cpu_without_cache_sysfs_still_gets_a_profile(tmp_path):
     cpuinfo = tmp_path / "cpuinfo"
     cpuinfo.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\nflags\t\t: fpu avx2 avx512f\n")

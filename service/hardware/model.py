@@ -151,8 +151,8 @@ class HardwareModel(BaseModel):
                     "max (perfect overlap), 1 is their sum (none). 3 fits the host CPU's IREE "
                     "measurements (README: cost model fidelity).",
     )
-    # Largest vector tile (elements) the compiler accepts; None = no limit. On host-cpu IREE fails
-    # with "large vector sizes" at 8192 f32 elements (32 KiB).
+    # Largest vector tile (bytes) the compiler accepts; None = no limit. On host-cpu IREE fails
+    # with "large vector sizes" at 512 native vectors (32 KiB with AVX-512, 16 KiB with AVX2).
     max_vector_tile_bytes: int | None = Field(default=None, gt=0)
     calibration: Calibration = Field(default_factory=Calibration)
     # The model is frozen, so its hash is computed once (every cost estimate carries it).
