@@ -119,8 +119,9 @@ def warm_start_plans(graph: OpGraph, records: list[dict]) -> list[dict]:
     return plans
 
 
-def compilation_infos(graph: OpGraph, plan: dict) -> dict:
-    """IREE `compilation_info` attribute text per contraction/convolution anchor of the plan."""
+def compilation_infos(graph: OpGraph, plan: dict, translation_info: str | None = None) -> dict:
+    """IREE `compilation_info` attribute text per contraction/convolution anchor of the plan,
+    with `translation_info` (default: the pipeline without options)."""
     from service.measure.iree import compilation_info_text, lowering_config_from_levels
 
     out = {}
@@ -131,11 +132,22 @@ def compilation_infos(graph: OpGraph, plan: dict) -> dict:
         config = lowering_config_from_levels(group["levels"], op.iterator_types, anchor=op.name)
         out[str(op.uid)] = {
             "op": op.name,
-            "compilation_info": compilation_info_text(config),
+            "compilation_info": compilation_info_text(config, translation_info),
             # IREE silently drops compilation_info on linalg.conv_2d_* (see README).
             "honoured_by_iree": op.kind == "contraction",
         }
     return out
+
+
+def _translation_info_for(hardware: HardwareModel) -> str | None:
+    """The pipeline options IREE uses on this machine when the plan is for it (host-cpu is the
+    machine the service runs on): on AVX2 IREE peels remainders, and a compilation_info without
+    `enable_loop_peeling` there compiles masked vectors (2.4x slower on a dynamic matmul)."""
+    if hardware.name != "host-cpu":
+        return None
+    from service.measure.iree import host_translation_info
+
+    return host_translation_info()
 
 
 def search_and_realise(source: str, hardware_json: str, params: dict) -> dict:
@@ -181,7 +193,7 @@ def search_and_realise(source: str, hardware_json: str, params: dict) -> dict:
         "transform_script": realised["transform_script"],
         "tiled_module": realised["tiled_module"],
         "origin": realised["origin"],
-        "compilation_info": compilation_infos(graph, plan),
+        "compilation_info": compilation_infos(graph, plan, _translation_info_for(hardware)),
         "trials": trials,
         "group_records": group_records,
         "search_stats": {
