@@ -13,7 +13,7 @@ import random
 import pytest
 
 from service.hardware.model import Calibration
-from service.hardware.profiles import detect_host_cpu
+from service.hardware.profiles import get_profile  # the pinned reference host (conftest)
 from service.measure.calibrate import (
     MAX_VECTOR_ELEMENTS,
     Predictor,
@@ -75,7 +75,7 @@ def test_fit_improves_a_held_out_workload(workloads):
     names = ["matmul_1024", "mlp_chain", "attention_scores"]
     chosen = [found[n] for n in names]
     predictor = Predictor(chosen)
-    nominal = with_calibration(detect_host_cpu(), Calibration())
+    nominal = with_calibration(get_profile("host-cpu"), Calibration())
     levels = [lv.name for lv in nominal.memory_levels]
     truth = with_calibration(
         nominal,
@@ -101,7 +101,7 @@ def test_fit_recovers_the_register_tile_terms_of_another_microarchitecture(workl
     found, _ = workloads
     chosen = [found[n] for n in ("matmul_1024", "mlp_chain")]
     predictor = Predictor(chosen)
-    nominal = with_register_tile(with_calibration(detect_host_cpu(), Calibration()), 16, 8)
+    nominal = with_register_tile(with_calibration(get_profile("host-cpu"), Calibration()), 16, 8)
     truth = with_calibration(with_register_tile(nominal, 8, 8),
                              Calibration(compute_efficiency=0.5, loop_overhead_scale=2.0))
     samples = synthetic_samples(chosen, predictor, truth, plans=12, noise=0.03, seed=1)
@@ -115,7 +115,7 @@ def test_fit_recovers_the_register_tile_terms_of_another_microarchitecture(workl
 def test_fast_rescaled_prediction_equals_the_full_estimate(workloads):
     w = workloads[0]["mlp_chain"]
     predictor = Predictor([w])
-    nominal = with_calibration(detect_host_cpu(), Calibration())
+    nominal = with_calibration(get_profile("host-cpu"), Calibration())
     cal = Calibration(compute_efficiency=0.6, loop_overhead_scale=1.7,
                       bandwidth_efficiency={lv.name: 0.8 for lv in nominal.memory_levels})
     hw = with_calibration(nominal, cal)
