@@ -35,6 +35,7 @@ from service.hardware.model import Calibration, HardwareModel  # noqa: E402
 from service.hardware.profiles import get_profile  # noqa: E402
 from service.measure.cache import MeasurementCache  # noqa: E402
 from service.measure.calibrate import (  # noqa: E402
+    MAX_VECTOR_ELEMENTS,
     ContractionWorkload,
     Predictor,
     Sample,
@@ -43,6 +44,7 @@ from service.measure.calibrate import (  # noqa: E402
     TIMINGS,
     load_contraction_workloads,
     finish_samples,
+    max_vector_elements,
     paired_sample,
     sample_plans,
     with_calibration,
@@ -54,11 +56,11 @@ SETTINGS = BenchSettings(repetitions=3, min_time_s=0.05)  # same as calibrate: s
 
 
 def measured_samples(w: ContractionWorkload, want: int, cache: MeasurementCache, timing: str, log,
-                     seed: int = 0) -> list[Sample]:
+                     seed: int = 0, max_elements: int = MAX_VECTOR_ELEMENTS) -> list[Sample]:
     """`want` plans that IREE compiled and ran, each timed paired with IREE's default (samples
     more when some fail)."""
     samples: list[Sample] = []
-    for plan in sample_plans(w, want + 8, seed):
+    for plan in sample_plans(w, want + 8, seed, max_elements):
         if len([s for s in samples if s.raw_s]) >= want:
             break
         s = paired_sample(w, plan, SETTINGS, cache, timing)
@@ -110,7 +112,8 @@ def main() -> None:
     defaults: dict[str, float | None] = {}
     for w in workloads:
         log(f"measuring {w.name}")
-        samples[w.name] = [s for s in measured_samples(w, args.plans, cache, args.timing, log, args.seed) if s.measured_s]
+        samples[w.name] = [s for s in measured_samples(w, args.plans, cache, args.timing, log, args.seed,
+                                                       max_vector_elements(profile)) if s.measured_s]
         # IREE's default: the median of its timings paired with each plan (same load as them).
         paired = [s.default_s for s in samples[w.name] if s.default_s]
         defaults[w.name] = statistics.median(paired) if paired else None

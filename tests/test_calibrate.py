@@ -22,6 +22,7 @@ from service.measure.calibrate import (
     fit_profile,
     iree_config_of,
     load_contraction_workloads,
+    max_vector_elements,
     sample_plans,
     score,
     with_calibration,
@@ -57,6 +58,16 @@ def test_sampled_plans_are_distinct_inside_iree_limits_and_include_the_default(w
     assert ((64, 64, 0), (8, 16, 0), (0, 0, 16)) in keys  # IREE's own default config
     sizes = sorted(vector_tile_elements(c) for c in configs)
     assert sizes[0] < 64 and sizes[-1] >= 2048  # spans bad and good
+
+
+def test_sampled_plans_stay_inside_the_hosts_vector_limit(workloads):
+    """An AVX2 host compiles vector tiles of 16 KiB or less: the sample keeps below it there
+    (it sampled up to 32 KiB, and half its large tiles failed to compile)."""
+    w = workloads[0]["matmul_1024"]
+    avx2 = get_profile("host-cpu").model_copy(update={"max_vector_tile_bytes": 16 * 1024})
+    assert max_vector_elements(avx2) == 4095 and max_vector_elements(get_profile("host-cpu")) == MAX_VECTOR_ELEMENTS
+    configs = [iree_config_of(w, p) for p in sample_plans(w, 20, max_elements=max_vector_elements(avx2))]
+    assert len(configs) == 20 and max(vector_tile_elements(c) for c in configs) in range(2048, 4096)
 
 
 def synthetic_samples(workloads, predictor, truth, plans: int, noise: float, seed: int) -> list[Sample]:

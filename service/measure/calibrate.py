@@ -42,8 +42,8 @@ from .iree import (
     measure_plan_and_default,
 )
 
-# IREE rejects vector tiles of 512 native vectors or more: 8192 f32 elements with AVX-512 (the
-# sampler's bound; on an AVX2 host the 4096-8191 ones fail to compile and are recorded as such).
+# IREE rejects vector tiles of 512 native vectors or more: 8192 f32 elements with AVX-512, the
+# sampler's default bound; max_vector_elements(hardware) gives a host's own (4095 with AVX2).
 MAX_VECTOR_ELEMENTS = 8192 - 1
 DIST_SIZES = (16, 32, 64, 128, 256, 512)
 VECTOR_SHAPES = ((1, 1), (1, 4), (2, 8), (4, 8), (4, 16), (8, 8), (8, 16), (8, 32), (16, 16),
@@ -165,9 +165,18 @@ def iree_config_of(w: ContractionWorkload, plan: dict) -> LoweringConfig:
     return lowering_config_from_levels(plan["groups"][0]["levels"], w.iterator_types)
 
 
-def sample_plans(w: ContractionWorkload, count: int, seed: int = 0) -> list[dict]:
-    """`count` distinct plans IREE accepts, from tiny vector tiles (slow) to large ones, always
-    including IREE's default-like config and the DESIGN.md one."""
+def max_vector_elements(hardware: HardwareModel) -> int:
+    """The largest f32 vector tile IREE compiles for `hardware` (the calibration workloads are
+    f32): an AVX2 host's 16 KiB limit made half the sampled large tiles fail to compile."""
+    limit = hardware.max_vector_tile_bytes
+    return MAX_VECTOR_ELEMENTS if limit is None else limit // 4 - 1
+
+
+def sample_plans(w: ContractionWorkload, count: int, seed: int = 0,
+                 max_elements: int = MAX_VECTOR_ELEMENTS) -> list[dict]:
+    """`count` distinct plans IREE accepts (vector tiles of at most `max_elements`), from tiny
+    vector tiles (slow) to large ones, always including IREE's default-like config and the
+    DESIGN.md one where they fit."""
     m, n = _mn_dims(w)
     k = w.loop_ranges[w.iterator_types.index("reduction")]
     extent_m, extent_n = w.loop_ranges[m], w.loop_ranges[n]
@@ -175,7 +184,7 @@ def sample_plans(w: ContractionWorkload, count: int, seed: int = 0) -> list[dict
     def valid(dist, vec, red) -> bool:
         return (dist[0] <= extent_m and dist[1] <= extent_n and extent_m % dist[0] == 0
                 and extent_n % dist[1] == 0 and vec[0] <= dist[0] and vec[1] <= dist[1]
-                and red <= k and vec[0] * vec[1] * red <= MAX_VECTOR_ELEMENTS)
+                and red <= k and vec[0] * vec[1] * red <= max_elements)
 
     space = [(d, v, r) for d in itertools.product(DIST_SIZES, DIST_SIZES)
              for v in VECTOR_SHAPES for r in REDUCTION_SIZES if valid(d, v, r)]
@@ -303,11 +312,12 @@ def measure_samples(
     cache: MeasurementCache,
     progress: Callable[[str], None] = lambda _: None,
     timing: str = "cpu",
+    max_elements: int = MAX_VECTOR_ELEMENTS,
 ) -> list[Sample]:
     """Each sampled plan timed paired with IREE's default (alternating rounds)."""
     samples = []
     for w in workloads:
-        for i, plan in enumerate(sample_plans(w, plans_per_workload)):
+        for i, plan in enumerate(sample_plans(w, plans_per_workload, max_elements=max_elements)):
             s = paired_sample(w, plan, settings, cache, timing)
             samples.append(s)
             progress(f"{w.name} plan {i + 1}/{plans_per_workload}: "
@@ -595,7 +605,8 @@ def calibrate(
     if not workloads:
         raise ValueError(f"no measurable contraction workloads in {workloads_dir} (skipped: {skipped})")
     cache = cache if cache is not None else MeasurementCache()
-    samples = measure_samples(workloads, plans_per_workload, settings, cache, progress, timing)
+    samples = measure_samples(workloads, plans_per_workload, settings, cache, progress, timing,
+                              max_vector_elements(hardware))
     predictor = Predictor(workloads)
     base = with_calibration(hardware, Calibration())
     progress("fitting")
