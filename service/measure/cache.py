@@ -1,8 +1,9 @@
 """On-disk cache of measurements, so calibration and the fidelity benchmark share their runs.
 
 Keyed by what determines a timing: the module text, the forced plan (or none: IREE's default)
-and the translation_info it is forced with, the IREE version and the benchmark settings. One JSON object per line; appends only, the last
-entry for a key wins. Not a store of record: deleting the file only costs re-measuring.
+and the translation_info it is forced with, the IREE version and the benchmark settings. One
+JSON object per line; appends only, the last entry for a key wins. Not a store of record:
+deleting the file only costs re-measuring.
 """
 
 from __future__ import annotations
