@@ -556,16 +556,17 @@ def test_tpe_reusing_its_estimators_within_a_batch_samples_as_optuna_does():
     # batch instead of once per ask, and must give exactly Optuna's own TPE samples.
     import optuna
 
-    from service.search.strategies import _KnownSpaceTPESampler
+    from service.search.strategies import _Choices, _KnownSpaceTPESampler
 
     space = {f"k{i}": optuna.distributions.CategoricalDistribution([0, 8, 16, 32, 64, 128]) for i in range(5)}
+    ours = {name: _Choices(d.choices) for name, d in space.items()}  # the strategies' distributions
     options = dict(seed=3, multivariate=True, n_startup_trials=10, n_ei_candidates=8, constant_liar=False)
-    studies = [optuna.create_study(sampler=_KnownSpaceTPESampler(space, **options)),
+    studies = [optuna.create_study(sampler=_KnownSpaceTPESampler(ours, **options)),
                optuna.create_study(sampler=optuna.samplers.TPESampler(**options))]
     asked: list[list[dict]] = [[], []]
     for _ in range(8):
-        for study, log in zip(studies, asked):
-            trials = [study.ask(space) for _ in range(8)]
+        for study, log, distributions in zip(studies, asked, (ours, space)):
+            trials = [study.ask(distributions) for _ in range(8)]
             for t in trials:
                 t.set_constraint("infeasible", float(t.params["k0"] > 64))
                 study.tell(t, sum(abs(v - 16 * i) for i, v in enumerate(t.params.values())))
@@ -575,6 +576,19 @@ def test_tpe_reusing_its_estimators_within_a_batch_samples_as_optuna_does():
     assert len({tuple(p.values()) for p in asked[0][10:]}) > 20  # it did sample, not repeat one point
     with pytest.raises(ValueError, match="constant liar"):
         _KnownSpaceTPESampler(space, constant_liar=True)
+
+
+def test_knob_distributions_are_equal_exactly_when_their_choices_are():
+    """The strategies' categorical (plain tuple equality, for speed) agrees with Optuna's own."""
+    import optuna
+
+    from service.search.strategies import _Choices
+
+    base = optuna.distributions.CategoricalDistribution
+    a, b = _Choices([0, 8, True, "for"]), _Choices([0, 8, True, "for"])
+    assert a == b and a == base([0, 8, True, "for"]) and base([0, 8, True, "for"]) == a
+    assert hash(a) == hash(b)
+    assert a != _Choices([0, 8, False, "for"]) and a != _Choices([0, 8, True]) and a != base([0, 16, True, "for"])
 
 
 def test_a_dynamic_dim_is_always_tiled_at_the_outer_level(host):
