@@ -118,7 +118,7 @@ class GroupSpec:
     reduction_choices: dict[int, list[int]]  # anchor reduction dim -> level-2 sizes
     optional_units: dict[int, list[int]] = field(default_factory=dict)  # optional op -> ops joining with it
     optional_parent: dict[int, int] = field(default_factory=dict)  # optional op -> member it was reached from
-    vector_limit_bytes: int | None = None  # hardware's largest vector tile (IREE CPU: 32 KiB)
+    vector_limit_bytes: int | None = None  # hardware's largest vector tile (IREE CPU: 512 native vectors)
     elem_bytes: int = 4
     outside_consumers: dict[int, list[int]] = field(default_factory=dict)  # optional producer -> consumers not in the group
     _knob_names: tuple[str, ...] | None = field(default=None, repr=False, compare=False)
