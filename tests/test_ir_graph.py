@@ -81,6 +81,16 @@ def test_softmax_flops_and_reductions() -> None:
     assert graph.op(1).kind == "reduction"
 
 
+@pytest.mark.parametrize("name, uid, batch", [
+    ("attention_scores", 1, [0]),  # batch_matmul: the head dim is read by Q, K^T and the scores
+    ("matmul_1024", 1, []),  # M is not read by B, N not by A
+    ("conv_relu", 1, []),  # the filter reads no image dim
+    ("mlp_chain", 3, [0, 1]),  # an elementwise add: every dim
+])
+def test_batch_dims_are_the_parallel_dims_every_operand_reads(name: str, uid: int, batch: list[int]) -> None:
+    assert analyze(workload(name)).graph.op(uid).batch_dims == batch
+
+
 def test_conv_is_convolution() -> None:
     graph = analyze(workload("conv_relu")).graph
     assert graph.op(1).kind == "convolution"

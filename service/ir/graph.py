@@ -67,6 +67,9 @@ class TileableOp:
     flops_per_point: int
     fuse_groups: list[int]
     copy_of: int | None = None  # a shared fill's copy for one of its readers: the original's uid
+    # Parallel loop dims every operand reads as a plain dim: a contraction's batch dims, each
+    # index an independent problem (an elementwise op's dims are all of this kind).
+    batch_dims: list[int] = field(default_factory=list)
     signature: str = ""
     producers: list[int] = field(default_factory=list)
     consumers: list[int] = field(default_factory=list)
@@ -462,9 +465,11 @@ def describe_op(op: ir.Operation, uid: int) -> TileableOp:
             out_dims = {_dim_position(e) for m in maps[n_in:] for e in m.results}
             iterators = ["parallel" if d in out_dims else "reduction" for d in range(len(ranges))]
         map_text = [str(m) for m in maps]
+        batch = [d for d, t in enumerate(iterators)
+                 if t == "parallel" and all(d in {_dim_position(e) for e in m.results} for m in maps)]
     else:
         ranges, iterators, dynamic = _non_structured_domain(op)
-        map_text = None
+        map_text, batch = None, []
     flops = _flops_per_point(op)
     return TileableOp(
         uid=uid,
@@ -482,6 +487,7 @@ def describe_op(op: ir.Operation, uid: int) -> TileableOp:
         flops_per_point=flops,
         fuse_groups=_fuse_groups(op),
         copy_of=ir.IntegerAttr(op.attributes[COPY_OF_ATTR]).value if COPY_OF_ATTR in op.attributes else None,
+        batch_dims=batch,
     )
 
 
