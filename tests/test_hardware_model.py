@@ -86,14 +86,22 @@ def test_the_vector_tile_limit_follows_the_vector_width(tmp_path):
     assert widths == {"avx2 avx512f": (64, 32 << 10), "avx2": (32, 16 << 10), "sse2": (16, 8 << 10)}
 
 
-def test_the_accumulators_a_register_tile_needs_follow_the_vendor(tmp_path):
-    """Measured: Intel Xeon tiles need 12 independent accumulators, AMD ones (Zen 1, Zen 4) 8."""
+def test_the_accumulators_a_register_tile_needs_follow_the_cpu(tmp_path):
+    """Measured: 12 independent accumulators on an Intel Xeon and an AMD Zen 3, 8 on Zen 1
+    (family 23, model 1: 128-bit FMA units; Hygon's cores are Zen 1). Unknown: 12."""
     depth = {}
-    for vendor in ("GenuineIntel", "AuthenticAMD", "HygonGenuine", "CentaurHauls"):
-        cpuinfo = tmp_path / f"cpuinfo-{vendor}"
-        cpuinfo.write_text(f"processor\t: 0\nvendor_id\t: {vendor}\nflags\t\t: fpu avx2\n")
-        depth[vendor] = detect_host_cpu(tmp_path / "no-sysfs", cpuinfo, cores=2).compute.fma_pipeline_depth
-    assert depth == {"GenuineIntel": 12, "AuthenticAMD": 8, "HygonGenuine": 8, "CentaurHauls": 12}
+    for vendor, family, model in [("GenuineIntel", 6, 143), ("AuthenticAMD", 25, 1), ("AuthenticAMD", 23, 1),
+                                  ("AuthenticAMD", 23, 49), ("HygonGenuine", 24, 0), ("CentaurHauls", 7, 91),
+                                  ("AuthenticAMD", None, None)]:
+        cpuinfo = tmp_path / f"cpuinfo-{vendor}-{family}-{model}"
+        family_lines = f"cpu family\t: {family}\nmodel\t\t: {model}\n" if family is not None else ""
+        cpuinfo.write_text(f"processor\t: 0\nvendor_id\t: {vendor}\n{family_lines}flags\t\t: fpu avx2\n")
+        depth[vendor, family, model] = detect_host_cpu(tmp_path / "no-sysfs", cpuinfo, cores=2).compute.fma_pipeline_depth
+    assert depth == {
+        ("GenuineIntel", 6, 143): 12, ("AuthenticAMD", 25, 1): 12, ("AuthenticAMD", 23, 1): 8,
+        ("AuthenticAMD", 23, 49): 12, ("HygonGenuine", 24, 0): 8, ("CentaurHauls", 7, 91): 12,
+        ("AuthenticAMD", None, None): 12,
+    }
 
 
 def test_a_cpu_without_cache_sysfs_still_gets_a_profile(tmp_path):

@@ -92,21 +92,26 @@ def _count_cpu_list(text: str) -> int:
     return count
 
 
-def read_cpuinfo(cpuinfo: Path = Path("/proc/cpuinfo")) -> tuple[str, set[str]]:
-    """(vendor_id, flags) of the first processor in /proc/cpuinfo; ('', set()) when unreadable."""
-    vendor, flags = "", set()
+def read_cpuinfo(cpuinfo: Path = Path("/proc/cpuinfo")) -> tuple[str, set[str], tuple[int, int] | None]:
+    """(vendor_id, flags, (cpu family, model)) of the first processor in /proc/cpuinfo;
+    ('', set(), None) when unreadable (family and model None when not given)."""
+    vendor, flags, family, model = "", set(), None, None
     try:
         for line in cpuinfo.read_text().splitlines():
             key, _, value = line.partition(":")
             key = key.strip()
             if key == "vendor_id" and not vendor:
                 vendor = value.strip()
+            elif key == "cpu family" and family is None:
+                family = int(value)
+            elif key == "model" and model is None:
+                model = int(value)
             elif key == "flags":
                 flags = set(value.split())
                 break
-    except OSError:
+    except (OSError, ValueError):
         pass
-    return vendor, flags
+    return vendor, flags, (family, model) if family is not None and model is not None else None
 
 
 def vector_width_from_flags(flags: set[str]) -> int:
@@ -140,7 +145,7 @@ def detect_host_cpu(
     """The machine this runs on, from sysfs caches, os.cpu_count() and /proc/cpuinfo flags."""
     cores = cores or os.cpu_count() or 1
     caches = read_sys_caches(cpu_dir)
-    vendor, flags = read_cpuinfo(cpuinfo)
+    vendor, flags, family_model = read_cpuinfo(cpuinfo)
     vector_width = vector_width_from_flags(flags)
     levels = [
         MemoryLevel(name="DRAM", capacity_bytes=_dram_bytes(), bandwidth_bytes_per_s=_HOST_DRAM_BANDWIDTH, shared=True)
@@ -166,7 +171,7 @@ def detect_host_cpu(
             cores=cores,
             # x86: 32 zmm registers with AVX-512, 16 ymm without.
             vector_registers=32 if vector_width >= 64 else 16,
-            fma_pipeline_depth=_fma_pipeline_depth(vendor),
+            fma_pipeline_depth=_fma_pipeline_depth(vendor, family_model),
         ),
         loop_overhead_s=2e-9,
         # The out-of-order core hides most of an innermost loop's bookkeeping, not all: a 1024^3
@@ -180,16 +185,22 @@ def detect_host_cpu(
     )
 
 
-def _fma_pipeline_depth(vendor: str) -> int:
+def _fma_pipeline_depth(vendor: str, family_model: tuple[int, int] | None = None) -> int:
     """Independent accumulators a register tile needs to keep the FMA units busy, measured.
-    Intel Xeon (AVX-512, FMA latency 4 x 2 ports: 8 in theory): 8 are not enough, 8x16 register
-    tiles (8 accumulators, IREE's default) ran 1.4-1.6x slower than 8x32 and 4x64 (16) on 1024^3,
-    256x2048x512 and attention matmuls (CPU time, paired). AMD: 8 suffice. On an EPYC (Zen 1,
-    AVX2 with 16 ymm registers, 128-bit FMA units: one ymm FMA a cycle, latency 5) attention's
-    4x16 and 8x8 tiles ran 1.0-1.19x IREE's default where 16-accumulator tiles ran 0.6-0.9x, and
-    with 12 the model picked the latter (fidelity: median regret 18% -> 8%); calibration on a
-    Zen 4 fitted 8 too (Hygon's cores are Zen 1). Unknown vendors get the Intel figure."""
-    return 8 if vendor in ("AuthenticAMD", "HygonGenuine") else 12
+    Two FMA ports of latency 4 need 8 in theory; 12 in practice. Intel Xeon (AVX-512): 8x16
+    register tiles (8 accumulators, IREE's default) ran 1.4-1.6x slower than 8x32 and 4x64 (16)
+    on 1024^3, 256x2048x512 and attention matmuls (CPU time, paired). AMD Zen 3 (AVX2, 16 ymm):
+    on 1024-deep matmuls 8x16 tiles (16 accumulators, spilling 3 ymm) ran 1.25-1.35x faster
+    than 4x16 and 8x8 (8), the spill included: with 12 the model ranks them so.
+    AMD before Zen 2 (family 23, models below 0x30; Hygon's cores are these) has 128-bit FMA
+    units, one ymm FMA a cycle: 8. On a Zen 1 EPYC, 4x16 and 8x8 tiles ran 1.0-1.19x IREE's
+    default on attention where 16-accumulator ones ran 0.6-0.9x (fidelity regret 18% -> 8%
+    with 8). Unknown vendors and models get 12."""
+    if vendor == "HygonGenuine":
+        return 8
+    if vendor == "AuthenticAMD" and family_model is not None and family_model[0] == 23 and family_model[1] < 0x30:
+        return 8
+    return 12
 
 
 def _dram_bytes() -> int:
