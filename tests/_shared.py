@@ -57,3 +57,16 @@ REFERENCE_HOST_CACHES = [
     (3, "Unified", "307200K", "0-1", "15"),
 ]
 REFERENCE_HOST_CPUINFO = "processor\t: 0\nvendor_id\t: GenuineIntel\nflags\t\t: fpu sse sse2 avx avx2 fma avx512f\n"
+
+
+# Session 8's machine: an AMD EPYC, Zen 3 (family 25, model 1), AVX2 with 16 ymm registers,
+# L1d 32 KiB / 8 ways, L2 512 KiB, L3 32 MiB shared. The spilling-register-tile terms of the
+# cost model were measured on it.
+ZEN3_HOST_CACHES = [
+    (1, "Data", "32K", "0", "8"),
+    (1, "Instruction", "32K", "0", "8"),
+    (2, "Unified", "512K", "0", "8"),
+    (3, "Unified", "32768K", "0-1", "16"),
+]
+ZEN3_HOST_CPUINFO = ("processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 1\n"
+                     "flags\t\t: fpu sse sse2 avx avx2 fma\n")

@@ -975,7 +975,9 @@ def _cost_nest(root: Node, op, an: _Analyzer, hw: HardwareModel, all_reasons: li
                 per_uid[c.uid] = per_uid.get(c.uid, 0.0) + f
             lanes = max(1, hw.compute.vector_width_bytes // c.element_bytes)
             last = c.parallel_tile[-1] if c.parallel_tile else 1
-            weighted_lane_use += f * (last / (math.ceil(last / lanes) * lanes)) * _microkernel_efficiency(c, band[n.id], hw)
+            # A carried accumulator lives through the whole reduction loop: its steps x tile.
+            reduction_length = math.prod(c.reduction_tile) * (n.trips if c.carried_acc_bytes and n.kind != "root" else 1)
+            weighted_lane_use += f * (last / (math.ceil(last / lanes) * lanes)) * _microkernel_efficiency(c, band[n.id], hw, reduction_length)
             if f and c.flops_per_point:
                 elem_type = c.element_type
             _check_vector_tile(c, band[n.id], hw, reasons)
@@ -1046,13 +1048,15 @@ def _band_levels(root: Node) -> dict[int, int]:
     return levels
 
 
-def _microkernel_efficiency(c: Compute, level: int, hw: HardwareModel) -> float:
+def _microkernel_efficiency(c: Compute, level: int, hw: HardwareModel, reduction_length: int | None = None) -> float:
     """Fraction of FMA peak a CPU register tile reaches (1.0 where the plan does not choose it).
 
     For a contraction tiled down to its vector tile (all three plan levels), per reduction
     step the tile [.., m, n] needs m*ceil(n/lanes) accumulator registers, ceil(n/lanes) for the
     row of B and one broadcast of A; it issues acc FMAs and m + ceil(n/lanes) loads.
-    - spills: more registers than the file holds -> accumulators go through L1 each step;
+    - spills: more registers than the file holds -> accumulators go through L1 each step, and
+      each output tile pays _SPILL_STEPS_PER_REGISTER reduction steps per register past the
+      file, on top of its `reduction_length` steps (elements of the reduction per output tile);
     - pipeline: fewer independent accumulators than latency x ports leaves FMA units idle;
     - loads: more loads than FMAs per step makes the tile load-bound (as many ports of each);
     - rows: tiles taller than the hardware's register_tile_rows run proportionally slower;
@@ -1070,14 +1074,27 @@ def _microkernel_efficiency(c: Compute, level: int, hw: HardwareModel) -> float:
     acc = m * n_vecs
     needed = acc + n_vecs + 1
     spill = min(1.0, regs / needed)
-    # The step's tile of B, [k, n], is read into registers beside the accumulators.
-    b_tile = _B_TILE_OVERFLOW_EFFICIENCY if needed <= regs < acc + math.prod(c.reduction_tile) * n_vecs + 1 else 1.0
+    if needed > regs and reduction_length:
+        spill *= reduction_length / (reduction_length + (needed - regs) * _SPILL_STEPS_PER_REGISTER)
+    # The step's tile of B, [k, n], is read into registers beside the accumulators. Beside
+    # accumulators that spill already, two rows of B cost nothing more, more rows do (Zen 3,
+    # 1024^3 matmul, 8x16 tiles: k = 2 ran 2.07x IREE's default, k = 4, 8, 16 1.67, 1.65, 1.53x).
+    k = math.prod(c.reduction_tile)
+    b_overflows = regs < acc + k * n_vecs + 1 if needed <= regs else k > 2
+    b_tile = _B_TILE_OVERFLOW_EFFICIENCY if b_overflows else 1.0
     pipeline = min(1.0, acc / hw.compute.fma_pipeline_depth)
     loads = min(1.0, acc / (m + n_vecs))
     rows = hw.compute.register_tile_rows
     tall = min(1.0, rows / m) if rows else 1.0
     return spill * b_tile * pipeline * loads * tall * _set_conflict_efficiency(c, hw)
 
+
+# What a spilling register tile pays per output tile, in reduction steps per register past the
+# file. Measured (AMD Zen 3, AVX2, 16 ymm; CPU time, paired with IREE's default): 8x16 tiles
+# (19 registers with B's row and A's broadcast) ran 1.2-1.35x faster than 4x16 on matmuls with
+# K = 1024 and 0.7-0.8x as fast with K = 64 (attention_scores, a 4096x64x512 matmul); the
+# per-step charge alone cannot tell the two apart. Fitted to the K = 64 ratio.
+_SPILL_STEPS_PER_REGISTER = 16
 
 # Speed left when the accumulators fit the register file and the reduction step's tile of B does
 # not. Measured (Intel Xeon, AVX-512, 32 zmm; 128x1024 and 1024x1024 matmuls, CPU time, paired):
