@@ -281,9 +281,15 @@ def test_tune_measure_top_times_the_candidates_and_the_default(tmp_path):
 
     from service.cli import app
 
+    from service.hardware.profiles import detect_host_cpu, save_profile
+
     module = tmp_path / "mm.mlir"
     module.write_text(TINY_MATMUL)
-    result = CliRunner().invoke(app, ["tune", str(module), "--budget", "12", "--workers", "1", "--measure-top", "2", "--json"])
+    # IREE compiles for the machine the test runs on: search with its profile, not the pinned
+    # reference host's (an AVX-512 vector tile fails to compile on an AVX2 machine).
+    save_profile(detect_host_cpu().model_copy(update={"name": "this-machine"}))
+    result = CliRunner().invoke(app, ["tune", str(module), "--hardware", "this-machine", "--budget", "12", "--workers", "1",
+                                      "--measure-top", "2", "--json"])
     assert result.exit_code == 0, result.output
     payload = json.loads(result.output)
     measured = payload["measured"]

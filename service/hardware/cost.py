@@ -1048,10 +1048,19 @@ def _band_levels(root: Node) -> dict[int, int]:
     return levels
 
 
+def _plan_chose_vector_tile(c: Compute, level: int) -> bool:
+    """Whether the plan, not IREE, chose this compute's vector tile: under all three plan levels,
+    or in its own reduction loop under an untiled vector level, where IREE's vector tile is the
+    whole enclosing tile (a [32, 32] distribution tile with k = 2 and no vector level is a
+    32x32 register tile: it ran 0.80x IREE's default on matmul_1024, Zen 3, where the model
+    had priced it at full speed, the optimum of the whole space)."""
+    return level >= 3 or c.carried_acc_bytes > 0
+
+
 def _microkernel_efficiency(c: Compute, level: int, hw: HardwareModel, reduction_length: int | None = None) -> float:
     """Fraction of FMA peak a CPU register tile reaches (1.0 where the plan does not choose it).
 
-    For a contraction tiled down to its vector tile (all three plan levels), per reduction
+    For a contraction whose vector tile the plan chose (_plan_chose_vector_tile), per reduction
     step the tile [.., m, n] needs m*ceil(n/lanes) accumulator registers, ceil(n/lanes) for the
     row of B and one broadcast of A; it issues acc FMAs and m + ceil(n/lanes) loads.
     - spills: more registers than the file holds -> accumulators go through L1 each step, and
@@ -1065,7 +1074,7 @@ def _microkernel_efficiency(c: Compute, level: int, hw: HardwareModel, reduction
     rows of A; the set-conflict term explains it: at K = 1040 the same tiles ran at full speed.)
     """
     regs = hw.compute.vector_registers
-    if regs is None or level < 3 or not c.reduction_tile or len(c.parallel_tile) < 1:
+    if regs is None or not _plan_chose_vector_tile(c, level) or not c.reduction_tile or len(c.parallel_tile) < 1:
         return 1.0
     n_vecs = _vectors_per_row(c, hw)
     m = math.prod(c.parallel_tile[:-1]) if len(c.parallel_tile) > 1 else 1
@@ -1153,7 +1162,7 @@ def _check_vector_tile(c: Compute, level: int, hw: HardwareModel, reasons: list[
     hw.max_vector_tile_bytes or more (512 native vectors: 32 KiB with AVX-512, 16 KiB with AVX2).
     Only ops under all three plan levels (distribution, vector parallel, vector reduction) have a
     plan-chosen vector tile."""
-    if hw.max_vector_tile_bytes is None or level < 3 or not c.reduction_tile:
+    if hw.max_vector_tile_bytes is None or not _plan_chose_vector_tile(c, level) or not c.reduction_tile:
         return
     size = c.points * c.element_bytes
     if size >= hw.max_vector_tile_bytes:
