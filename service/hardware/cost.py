@@ -1050,11 +1050,13 @@ def _band_levels(root: Node) -> dict[int, int]:
 
 def _plan_chose_vector_tile(c: Compute, level: int) -> bool:
     """Whether the plan, not IREE, chose this compute's vector tile: under all three plan levels,
-    or in its own reduction loop under an untiled vector level, where IREE's vector tile is the
-    whole enclosing tile (a [32, 32] distribution tile with k = 2 and no vector level is a
-    32x32 register tile: it ran 0.80x IREE's default on matmul_1024, Zen 3, where the model
-    had priced it at full speed, the optimum of the whole space)."""
-    return level >= 3 or c.carried_acc_bytes > 0
+    or in a loop carrying its accumulator under a distribution level with an untiled vector
+    level between, where IREE's vector tile is the whole enclosing tile (a [32, 32]
+    distribution tile with k = 2 and no vector level is a 32x32 register tile: it ran 0.80x
+    IREE's default on matmul_1024, Zen 3, where the model had priced it at full speed, the
+    optimum of the whole space). A single level (seed 000's super tiling) tiles for memory
+    only: the compiler picks the vector tile."""
+    return level >= 3 or (level >= 2 and c.carried_acc_bytes > 0)
 
 
 def _microkernel_efficiency(c: Compute, level: int, hw: HardwareModel, reduction_length: int | None = None) -> float:
