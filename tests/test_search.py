@@ -603,6 +603,18 @@ def test_a_register_tile_spans_one_batch_of_a_batched_contraction(host):
     assert inner_tiles and all(tiles[0] == 1 for tiles in inner_tiles)
 
 
+@pytest.mark.parametrize("name, rows", [("matmul_1024", [8]), ("attention_scores", [1, 8])])
+def test_a_contraction_starts_from_register_tiles_of_8_rows_and_2_vectors(host, name, rows):
+    """IREE-like: 8x16 (AVX2) and 8x32 (AVX-512) at k = 2 measured the best or near it on
+    1024-deep matmuls; the repair of untiled inner levels gave 16x16 at k = 8 (32 ymm
+    accumulators), and a budget-8 search on mlp_chain found nothing better than untiled."""
+    (spec,) = build_space(analyze(source(name)).graph, host, {}).groups
+    group = spec.to_group(spec.default_params())
+    vec = host.compute.vector_width_bytes // 4
+    assert group.levels[1].tile_sizes == [*rows, 2 * vec, 0]
+    assert group.levels[2].tile_sizes == [0] * (len(rows) + 1) + [2]
+
+
 def test_a_dynamic_dim_is_always_tiled_at_the_outer_level(host):
     """Untiled, a dynamic dim leaves the vector tiles without a static bound (IREE measured:
     dynamic_matmul distribution [0, 128] 5.7 ms CPU, [128, 32] 4.8, [64, 64] 4.7)."""
