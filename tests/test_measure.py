@@ -220,6 +220,18 @@ def _tiny_tune(budget: int = 16):
     return tune(TINY_MATMUL, get_profile("host-cpu"), budget=budget, strategy="random", seed=0, workers=0)
 
 
+def test_the_super_tiling_baseline_is_never_a_plan_to_measure():
+    """It tiles for memory only; forced, its zeros make the whole distribution tile one vector
+    op, which IREE refuses ("large vector sizes (16384 bytes)" on AVX2)."""
+    from service.measure.refine import top_plans
+
+    result = _tiny_tune(16)
+    (baseline,) = [t for t in result.trials if t.source == "supertiling"]
+    fastest = min(t.latency_s for t in result.trials if t.latency_s is not None)
+    result.trials[result.trials.index(baseline)] = baseline.model_copy(update={"latency_s": fastest / 2})
+    assert baseline.plan_hash not in [h for _, h, _ in top_plans(result, 4)]
+
+
 def test_the_top_plans_are_distinct_feasible_and_in_predicted_order():
     from service.measure.refine import top_plans
 

@@ -54,11 +54,14 @@ def top_plans(result: TuneResult, k: int) -> list[tuple[dict, str, float]]:
     """The k feasible plans with the lowest predicted latency that IREE would compile
     differently: (plan, hash, latency). The harness forces tile sizes only (IREE forms its own
     dispatches and distributes level 0 itself), so plans that differ only in loop kinds or
-    fusion choices are one measurement."""
+    fusion choices are one measurement. Seed 000's super-tiling baseline is not one of them: it
+    tiles for memory only and leaves the vector tiles to the compiler, which a forced config
+    cannot (its zeros make the whole distribution tile one vector op, and IREE refuses it:
+    "large vector sizes")."""
     seen: set[tuple] = set()
     ranked = []
     for t in sorted((t for t in result.trials if t.stage == "cost" and t.feasible and t.plan and t.plan.get("groups")
-                     and t.latency_s is not None), key=lambda t: t.latency_s):
+                     and t.latency_s is not None and t.source != "supertiling"), key=lambda t: t.latency_s):
         key = _as_measured(t.plan)
         if key in seen:
             continue
