@@ -1162,8 +1162,7 @@ def _spilled_fraction(c: Compute, hw: HardwareModel) -> float:
 def _check_vector_tile(c: Compute, level: int, hw: HardwareModel, reasons: list[str]) -> None:
     """IREE's CPU backend rejects vector tiles (parallel product x reduction tile) of
     hw.max_vector_tile_bytes or more (512 native vectors: 32 KiB with AVX-512, 16 KiB with AVX2).
-    Only ops under all three plan levels (distribution, vector parallel, vector reduction) have a
-    plan-chosen vector tile."""
+    Only where the plan chose the vector tile (_plan_chose_vector_tile)."""
     if hw.max_vector_tile_bytes is None or not _plan_chose_vector_tile(c, level) or not c.reduction_tile:
         return
     size = c.points * c.element_bytes
