@@ -292,7 +292,6 @@ def test_tune_measure_top_times_the_candidates_and_the_default(tmp_path):
     from typer.testing import CliRunner
 
     from service.cli import app
-
     from service.hardware.profiles import detect_host_cpu, save_profile
 
     module = tmp_path / "mm.mlir"
