@@ -603,6 +603,95 @@ def test_a_register_tile_spans_one_batch_of_a_batched_contraction(host):
     assert inner_tiles and all(tiles[0] == 1 for tiles in inner_tiles)
 
 
+ATTENTION_4D_SOFTMAX = """
+// 4-D attention: S = Q x K^T (batch 2, 12 heads, seq 128, head dim 64), scale, softmax over keys.
+#q  = affine_map<(b, h, m, n, k) -> (b, h, m, k)>
+#k  = affine_map<(b, h, m, n, k) -> (b, h, k, n)>
+#s  = affine_map<(b, h, m, n, k) -> (b, h, m, n)>
+#id = affine_map<(b, h, m, n) -> (b, h, m, n)>
+#rd = affine_map<(b, h, m, n) -> (b, h, m)>
+func.func @attention(%q: tensor<2x12x128x64xf32>, %kt: tensor<2x12x64x128xf32>) -> tensor<2x12x128x128xf32> {
+  %zero = arith.constant 0.0 : f32
+  %ninf = arith.constant -3.40282347E+38 : f32
+  %scale = arith.constant 0.125 : f32
+  %init = tensor.empty() : tensor<2x12x128x128xf32>
+  %acc = linalg.fill ins(%zero : f32) outs(%init : tensor<2x12x128x128xf32>) -> tensor<2x12x128x128xf32>
+  %s = linalg.generic {indexing_maps = [#q, #k, #s], iterator_types = ["parallel", "parallel", "parallel", "parallel", "reduction"]}
+      ins(%q, %kt : tensor<2x12x128x64xf32>, tensor<2x12x64x128xf32>) outs(%acc : tensor<2x12x128x128xf32>) {
+  ^bb0(%a: f32, %b: f32, %c: f32):
+    %p = arith.mulf %a, %b : f32
+    %r = arith.addf %c, %p : f32
+    linalg.yield %r : f32
+  } -> tensor<2x12x128x128xf32>
+  %scaled = linalg.generic {indexing_maps = [#id, #id], iterator_types = ["parallel", "parallel", "parallel", "parallel"]}
+      ins(%s : tensor<2x12x128x128xf32>) outs(%init : tensor<2x12x128x128xf32>) {
+  ^bb0(%v: f32, %o: f32):
+    %m = arith.mulf %v, %scale : f32
+    linalg.yield %m : f32
+  } -> tensor<2x12x128x128xf32>
+  %rinit = tensor.empty() : tensor<2x12x128xf32>
+  %mx0 = linalg.fill ins(%ninf : f32) outs(%rinit : tensor<2x12x128xf32>) -> tensor<2x12x128xf32>
+  %mx = linalg.generic {indexing_maps = [#id, #rd], iterator_types = ["parallel", "parallel", "parallel", "reduction"]}
+      ins(%scaled : tensor<2x12x128x128xf32>) outs(%mx0 : tensor<2x12x128xf32>) {
+  ^bb0(%v: f32, %o: f32):
+    %m = arith.maximumf %v, %o : f32
+    linalg.yield %m : f32
+  } -> tensor<2x12x128xf32>
+  %ex = linalg.generic {indexing_maps = [#id, #rd, #id], iterator_types = ["parallel", "parallel", "parallel", "parallel"]}
+      ins(%scaled, %mx : tensor<2x12x128x128xf32>, tensor<2x12x128xf32>) outs(%init : tensor<2x12x128x128xf32>) {
+  ^bb0(%v: f32, %m: f32, %o: f32):
+    %d = arith.subf %v, %m : f32
+    %e = math.exp %d : f32
+    linalg.yield %e : f32
+  } -> tensor<2x12x128x128xf32>
+  %sm0 = linalg.fill ins(%zero : f32) outs(%rinit : tensor<2x12x128xf32>) -> tensor<2x12x128xf32>
+  %sm = linalg.generic {indexing_maps = [#id, #rd], iterator_types = ["parallel", "parallel", "parallel", "reduction"]}
+      ins(%ex : tensor<2x12x128x128xf32>) outs(%sm0 : tensor<2x12x128xf32>) {
+  ^bb0(%v: f32, %o: f32):
+    %a = arith.addf %v, %o : f32
+    linalg.yield %a : f32
+  } -> tensor<2x12x128xf32>
+  %p = linalg.generic {indexing_maps = [#id, #rd, #id], iterator_types = ["parallel", "parallel", "parallel", "parallel"]}
+      ins(%ex, %sm : tensor<2x12x128x128xf32>, tensor<2x12x128xf32>) outs(%init : tensor<2x12x128x128xf32>) {
+  ^bb0(%v: f32, %sv: f32, %o: f32):
+    %d = arith.divf %v, %sv : f32
+    linalg.yield %d : f32
+  } -> tensor<2x12x128x128xf32>
+  return %p : tensor<2x12x128x128xf32>
+}
+"""
+
+
+@pytest.mark.parametrize("hardware", ["host-cpu", "npu-sram-256k"])
+@pytest.mark.parametrize("name", ["attention_scores", "matmul_1024", "conv_relu", "softmax", "mlp_chain"])
+def test_starting_knob_values_are_in_the_space(hardware, name):
+    """Optuna refuses a queued value outside a knob's choices (from inside a later ask): the
+    smallest plan once set a batch dim's register tile to 0 where 1 is the only choice."""
+    space = build_space(analyze(source(name)).graph, get_profile(hardware), {})
+    for spec in space.groups:
+        choices = {k.name: k.choices for k in spec.knobs()}
+        for params in (spec.default_params(), spec.smallest_params()):
+            assert all(v in choices[k] for k, v in params.items()), params
+
+
+def test_a_batched_contraction_whose_start_does_not_fit_is_searched():
+    """4-D attention and its softmax on a 256 KiB scratchpad: the contraction's start does not
+    fit, so its smallest plan goes first; that crashed TPE (exit 2, "'0' not in (1,)") when it
+    left the batch and head dims' register tiles at 0."""
+    r = tune(ATTENTION_4D_SOFTMAX, get_profile("npu-sram-256k"), budget=12, strategy="tpe", seed=0, workers=0)
+    assert r.feasible and r.evaluations >= 10
+
+
+def test_tpe_drops_a_warm_start_outside_the_space(host):
+    from service.search.strategies import make_strategy
+
+    spec = build_space(analyze(source("attention_scores")).graph, host, {}).groups[0]
+    outside = {**spec.default_params(), f"{spec.name}.inner.d0": 0}  # a batch dim: 1 only
+    strat = make_strategy("tpe", spec.knobs(), 0, warm_start=[outside, spec.default_params()])
+    first = strat.suggest()
+    assert first.params == spec.default_params()
+
+
 @pytest.mark.parametrize("name, rows", [("matmul_1024", [8]), ("attention_scores", [1, 8])])
 def test_a_contraction_starts_from_register_tiles_of_8_rows_and_2_vectors(host, name, rows):
     """IREE-like: 8x16 (AVX2) and 8x32 (AVX-512) at k = 2 measured the best or near it on

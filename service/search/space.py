@@ -280,8 +280,8 @@ class GroupSpec:
         for d, c in self.outer_choices.items():
             p[f"{self.name}.outer.d{d}"] = pick([s for s in c if s] or c)
         p[f"{self.name}.outer.loop"] = "forall"
-        for d, c in self.inner_choices.items():
-            p[f"{self.name}.inner.d{d}"] = 0
+        for d, c in self.inner_choices.items():  # untiled where the knob allows it (a batch dim: 1)
+            p[f"{self.name}.inner.d{d}"] = 0 if 0 in c else min(c)
         for d, c in self.reduction_choices.items():
             p[f"{self.name}.red.d{d}"] = 0
         for u in self.optional:

@@ -48,6 +48,7 @@ Identity = Callable[[dict[str, Any]], Hashable]
 _FINISHED = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
 
 optuna.logging.set_verbosity(logging.WARNING)
+log = logging.getLogger(__name__)
 
 
 class Strategy(Protocol):
@@ -175,7 +176,11 @@ class OptunaStrategy:
             )
             self.study = optuna.create_study(direction="minimize", sampler=sampler)
         for params in warm_start or []:
-            self.study.enqueue_trial(params, skip_if_exists=True)
+            # Optuna raises on a value outside a knob's choices, from inside a later ask.
+            if all(params.get(k.name) in k.choices for k in knobs):
+                self.study.enqueue_trial(params, skip_if_exists=True)
+            else:
+                log.warning("warm start outside the search space dropped: %s", params)
 
     def suggest(self) -> Candidate | None:
         trial = self.study.ask(self.distributions)
