@@ -344,6 +344,7 @@ def tune_cmd(
     from service.ir.errors import IRError
     from service.search.engine import tune
     from service.search.report import summary_lines, write_outputs
+    from service.search.errors import SearchInputError
 
     try:
         hw = get_profile(hardware)
@@ -360,7 +361,7 @@ def tune_cmd(
         try:
             result = tune(source, hw, budget=budget, seconds=seconds, strategy=strategy, seed=seed,
                           shape_hints=shape_hint, buckets=bucket, workers=workers, progress=progress)
-        except (IRError, ValueError) as exc:
+        except (IRError, SearchInputError) as exc:  # the input's fault; any other error is ours
             raise _ir_failure(exc) from None
     if measure_top:
         from service.measure.refine import refine, with_measured_choice

@@ -142,6 +142,25 @@ def test_cli_bad_shape_hint_exits_2_with_the_message():
     assert "error: shape hint arg0=64: arg0 has rank 2 (tensor<?x1024xf32>); give 2 dims, e.g. arg0=64x1024" in result.output
 
 
+def test_cli_unknown_strategy_exits_2_with_the_choices():
+    result = CliRunner().invoke(app, ["tune", str(WORKLOADS / "matmul_1024.mlir"), "--strategy", "annealing",
+                                      "--budget", "4", "--workers", "1"])
+    assert result.exit_code == 2 and "unknown strategy 'annealing'; choose one of tpe" in result.output
+
+
+def test_cli_a_search_bug_is_not_reported_as_bad_input(monkeypatch):
+    """An internal ValueError (once: Optuna refusing a starting value outside a knob) is ours:
+    not exit 2 with an "error:" line that reads as the input's fault."""
+    import service.search.engine as engine
+
+    def broken(*args, **kwargs):
+        raise ValueError("'0' not in (1,).")
+
+    monkeypatch.setattr(engine, "tune", broken)
+    result = CliRunner().invoke(app, ["tune", str(WORKLOADS / "matmul_1024.mlir"), "--budget", "4", "--workers", "1"])
+    assert result.exit_code != 2 and isinstance(result.exception, ValueError)
+
+
 def test_cli_cost_takes_hints_in_the_same_form_and_rejects_bad_ones(tmp_path):
     plan = tmp_path / "plan.json"
     plan.write_text('{"groups": [{"anchor": 1, "fuse": [0], "levels": [{"tile_sizes": [64, 64, 0], "loop": "forall"}]}]}')

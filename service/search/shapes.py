@@ -17,16 +17,13 @@ from service.ir.graph import OpGraph
 from service.ir.hints import HINT_NAME, hint_for, hint_key, split_hint_key
 from service.ir.mlir import context, ir
 
+from .errors import ShapeHintError
 from .space import DEFAULT_DYNAMIC_EXTENT
 
 # A bucket names [FUNC.]argN as a hint does, or one of its dims: [FUNC.]argN.D.
 _ARG_DIM = re.compile(HINT_NAME.pattern + r"(?:\.(?P<dim>\d+))?")
 _HINT_FORM, _HINT_EXAMPLE = "argN=AxB (FUNC.argN=AxB for one function)", "arg0=128x1024"
 _BUCKET_FORM, _BUCKET_EXAMPLE = "NAME=v1,v2,...", "M=1,16,128,1024"
-
-
-class ShapeHintError(ValueError):
-    """A shape hint or bucket the module cannot use; the message says what to fix."""
 
 
 @dataclass(frozen=True)

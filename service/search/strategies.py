@@ -33,6 +33,7 @@ from service.ir.plan import Group, Level, Plan
 from service.ir.transform import layout_group
 
 from .candidate import Candidate, Evaluation
+from .errors import UnknownStrategyError
 from .space import Knob, ShapeContext, innermost_memory, op_bytes
 
 STRATEGIES = ("tpe", "nsga2", "random", "exhaustive", "supertiling")
@@ -308,7 +309,7 @@ def make_strategy(name: str, knobs: list[Knob], seed: int, warm_start: list[dict
         return RandomStrategy(knobs, seed, warm_start, identity)
     if name == "exhaustive":
         return ExhaustiveStrategy(knobs, seed, warm_start, identity)
-    raise ValueError(f"unknown strategy {name!r}; choose one of {', '.join(STRATEGIES)}")
+    raise UnknownStrategyError(f"unknown strategy {name!r}; choose one of {', '.join(STRATEGIES)}")
 
 
 # --------------------------------------------------------------------------- super tiling (seed 000)

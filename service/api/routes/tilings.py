@@ -12,6 +12,7 @@ from service.api.errors import ClientInputError, worker_failure
 from service.api.schemas import DecisionOut, DecisionPage, DecisionSummary, ErrorBody, TilingRequest, TrialOut, TrialPage
 from service.hardware.profiles import UnknownHardwareError
 from service.ir.errors import IRError
+from service.search.errors import SearchInputError
 from service.store import repo
 from service.tiling import PoolSaturated, resolve_hardware
 
@@ -35,7 +36,7 @@ def create_tiling(body: TilingRequest, service: TilingServiceDep, metrics: Metri
     except (IRError, UnknownHardwareError, PoolSaturated) as exc:
         metrics.tiling_errors.labels(type(exc).__name__).inc()
         raise
-    except ValueError as exc:  # the search rejects parameters it cannot use (buckets, strategy)
+    except SearchInputError as exc:  # parameters the search cannot use (hints, buckets)
         metrics.tiling_errors.labels(type(exc).__name__).inc()
         raise ClientInputError("InvalidSearchParameters", str(exc)) from None
     except Exception as exc:
