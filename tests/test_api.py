@@ -296,3 +296,16 @@ def test_schemathesis_no_server_errors(migrated_url):
 
             check()
         assert not failures
+
+
+def test_a_search_bug_is_a_500_not_a_bad_input_422(migrated_url, monkeypatch):
+    """Only SearchInputError (hints, buckets, strategy) is the caller's fault; an internal
+    ValueError (once: Optuna refusing a starting value outside a knob) is ours."""
+    from service.tiling import TilingService
+
+    def broken(self, request):
+        raise ValueError("'0' not in (1,).")
+
+    monkeypatch.setattr(TilingService, "decide", broken)
+    with TestClient(create_app(Settings(database_url=migrated_url, pool_workers=1)), raise_server_exceptions=False) as client:
+        assert _tile(client, MATMUL).status_code == 500
