@@ -343,8 +343,8 @@ def tune_cmd(
     from service.hardware.profiles import UnknownHardwareError, get_profile
     from service.ir.errors import IRError
     from service.search.engine import tune
-    from service.search.report import summary_lines, write_outputs
     from service.search.errors import SearchInputError
+    from service.search.report import summary_lines, write_outputs
 
     try:
         hw = get_profile(hardware)

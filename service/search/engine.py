@@ -31,8 +31,7 @@ from service.ir.transform import check_plan
 from .candidate import Candidate, Evaluation
 from .shapes import bucket_hints, bucketed_dims, check_shapes, parse_buckets, parse_shape_hints, several_functions
 from .space import DEFAULT_DYNAMIC_EXTENT, SPACE_VERSION, GroupSpec, build_space, complete_plan
-from .errors import UnknownStrategyError
-from .strategies import STRATEGIES, Strategy, SuperTilingStrategy, make_strategy, supertiling_plan
+from .strategies import Strategy, SuperTilingStrategy, check_strategy, make_strategy, supertiling_plan
 
 log = logging.getLogger(__name__)
 
@@ -539,8 +538,7 @@ class _Search:
     def __init__(self, source: str, hardware: HardwareModel, *, budget: int, seconds: float | None, strategy: str,
                  seed: int, shape_hints: dict[str, list[int]], warm_start_plans: list[dict] | None, workers: int,
                  progress: ProgressFn | None, keep_pool: bool) -> None:
-        if strategy not in STRATEGIES:
-            raise UnknownStrategyError(f"unknown strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}")
+        check_strategy(strategy)  # before any evaluation: a typo costs nothing
         self.t_start = time.perf_counter()
         self.deadline = self.t_start + seconds if seconds else None
         self.source, self.hardware, self.budget, self.seconds = source, hardware, budget, seconds

@@ -300,6 +300,16 @@ class SuperTilingStrategy:
         pass
 
 
+def check_strategy(name: str) -> None:
+    """UnknownStrategyError (the caller's mistake, with the choices) unless `name` is one."""
+    if name not in STRATEGIES:
+        raise _unknown_strategy(name)
+
+
+def _unknown_strategy(name: str) -> UnknownStrategyError:
+    return UnknownStrategyError(f"unknown strategy {name!r}; choose one of {', '.join(STRATEGIES)}")
+
+
 def make_strategy(name: str, knobs: list[Knob], seed: int, warm_start: list[dict] | None = None,
                   identity: Identity | None = None) -> Strategy:
     """`identity`: knob values -> a key of the plan they make (see the module docstring)."""
@@ -309,7 +319,7 @@ def make_strategy(name: str, knobs: list[Knob], seed: int, warm_start: list[dict
         return RandomStrategy(knobs, seed, warm_start, identity)
     if name == "exhaustive":
         return ExhaustiveStrategy(knobs, seed, warm_start, identity)
-    raise UnknownStrategyError(f"unknown strategy {name!r}; choose one of {', '.join(STRATEGIES)}")
+    raise _unknown_strategy(name)
 
 
 # --------------------------------------------------------------------------- super tiling (seed 000)
