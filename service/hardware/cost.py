@@ -975,9 +975,9 @@ def _cost_nest(root: Node, op, an: _Analyzer, hw: HardwareModel, all_reasons: li
                 per_uid[c.uid] = per_uid.get(c.uid, 0.0) + f
             lanes = max(1, hw.compute.vector_width_bytes // c.element_bytes)
             last = c.parallel_tile[-1] if c.parallel_tile else 1
-            # A carried accumulator lives through the whole reduction loop: its steps x tile.
-            reduction_length = math.prod(c.reduction_tile) * (n.trips if c.carried_acc_bytes and n.kind != "root" else 1)
-            weighted_lane_use += f * (last / (math.ceil(last / lanes) * lanes)) * _microkernel_efficiency(c, band[n.id], hw, reduction_length)
+            # A carried accumulator lives through every trip of the loop that carries it.
+            acc_trips = n.trips if c.carried_acc_bytes and n.kind != "root" else 1
+            weighted_lane_use += f * (last / (math.ceil(last / lanes) * lanes)) * _microkernel_efficiency(c, band[n.id], hw, acc_trips)
             if f and c.flops_per_point:
                 elem_type = c.element_type
             _check_vector_tile(c, band[n.id], hw, reasons)
@@ -1059,7 +1059,7 @@ def _plan_chose_vector_tile(c: Compute, level: int) -> bool:
     return level >= 3 or (level >= 2 and c.carried_acc_bytes > 0)
 
 
-def _microkernel_efficiency(c: Compute, level: int, hw: HardwareModel, reduction_length: int | None = None) -> float:
+def _microkernel_efficiency(c: Compute, level: int, hw: HardwareModel, acc_trips: int) -> float:
     """Fraction of FMA peak a CPU register tile reaches (1.0 where the plan does not choose it).
 
     For a contraction whose vector tile the plan chose (_plan_chose_vector_tile), per reduction
@@ -1067,7 +1067,8 @@ def _microkernel_efficiency(c: Compute, level: int, hw: HardwareModel, reduction
     row of B and one broadcast of A; it issues acc FMAs and m + ceil(n/lanes) loads.
     - spills: more registers than the file holds -> accumulators go through L1 each step, and
       each output tile pays _SPILL_STEPS_PER_REGISTER reduction steps per register past the
-      file, on top of its `reduction_length` steps (elements of the reduction per output tile);
+      file, on top of its own (the reduction tile x `acc_trips`, the trips of the loop that
+      carries the accumulator);
     - pipeline: fewer independent accumulators than latency x ports leaves FMA units idle;
     - loads: more loads than FMAs per step makes the tile load-bound (as many ports of each);
     - rows: tiles taller than the hardware's register_tile_rows run proportionally slower;
@@ -1085,12 +1086,13 @@ def _microkernel_efficiency(c: Compute, level: int, hw: HardwareModel, reduction
     acc = m * n_vecs
     needed = acc + n_vecs + 1
     spill = min(1.0, regs / needed)
-    if needed > regs and reduction_length:
-        spill *= reduction_length / (reduction_length + (needed - regs) * _SPILL_STEPS_PER_REGISTER)
+    k = math.prod(c.reduction_tile)
+    if needed > regs:
+        steps = k * acc_trips
+        spill *= steps / (steps + (needed - regs) * _SPILL_STEPS_PER_REGISTER)
     # The step's tile of B, [k, n], is read into registers beside the accumulators. Beside
     # accumulators that spill already, two rows of B cost nothing more, more rows do (Zen 3,
     # 1024^3 matmul, 8x16 tiles: k = 2 ran 2.07x IREE's default, k = 4, 8, 16 1.67, 1.65, 1.53x).
-    k = math.prod(c.reduction_tile)
     b_overflows = regs < acc + k * n_vecs + 1 if needed <= regs else k > 2
     b_tile = _B_TILE_OVERFLOW_EFFICIENCY if b_overflows else 1.0
     pipeline = min(1.0, acc / hw.compute.fma_pipeline_depth)
