@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import subprocess
+import sys
 
 import pytest
 
@@ -215,3 +216,32 @@ func.func @rot(%x: tensor<128x64xf32>) -> tensor<128x64xf32> {
         with context():
             apply_plan(analyze(src).tagged, plan)
     assert capfd.readouterr().err == ""
+
+
+_TRUSTING_PRINTER = """
+import sys
+sys.path[:0] = sys.argv[1:3]
+from _shared import workload
+from test_ir_transform import PLANS
+from service.ir.analysis import analyze
+from service.ir.mlir import trust_ir_when_printing
+from service.ir.transform import apply_plan
+a = analyze(workload("mlp_chain"))
+before = str(apply_plan(a.tagged, PLANS["mlp_chain"], a.graph).module)
+trust_ir_when_printing()
+trust_ir_when_printing()  # a second call must not parse LLVM's options again (IREE aborts)
+after = str(apply_plan(a.tagged, PLANS["mlp_chain"], a.graph).module)
+print(before == after and "scf.forall" in after)
+"""
+
+
+def test_a_printer_trusting_the_ir_applies_and_prints_plans_the_same() -> None:
+    # The evaluation workers' printer setting (service.ir.mlir.trust_ir_when_printing) is
+    # process-wide, so it is tried in a process of its own.
+    from pathlib import Path
+
+    here = Path(__file__).resolve().parent
+    out = subprocess.run([sys.executable, "-c", _TRUSTING_PRINTER, str(here), str(here.parent)],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "True"

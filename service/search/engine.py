@@ -26,6 +26,7 @@ from service.ir.analysis import analyze
 from service.ir.errors import PlanError
 from service.ir.hints import hint_for
 from service.ir.plan import Group, Plan
+from service.ir.mlir import trust_ir_when_printing
 from service.ir.transform import check_plan
 
 from .candidate import Candidate, Evaluation
@@ -172,10 +173,12 @@ def _evaluate_in_worker(source: str, hardware_json: str, shape_hints: dict, plan
     """evaluate_plans at a lower priority than the search: the strategy (Optuna's ask) is the
     serial part, and when it waits for a core behind the workers they soon wait for it."""
     os.setpriority(os.PRIO_PROCESS, 0, _WORKER_NICENESS)
+    trust_ir_when_printing()
     return evaluate_plans(source, hardware_json, shape_hints, plans, exact, scope)
 
 
 def _warm_up(source: str, hardware_json: str) -> bool:
+    trust_ir_when_printing()
     _analysis(source)
     _hardware_of(hardware_json)
     return True
