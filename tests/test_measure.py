@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from service.ir.graph import iterator_types
 from service.ir.mlir import context, ir
 from service.measure.iree import (
     BenchSettings,
@@ -15,7 +16,6 @@ from service.measure.iree import (
     find_anchor,
     force_plan,
     host_translation_info,
-    iterator_types_of,
     lowering_config_from_levels,
     measure_plan,
     measure_plan_and_default,
@@ -103,7 +103,7 @@ def test_force_plan_sets_the_attribute_on_the_anchor_only():
         fill = find_anchor(module, ("linalg.fill", 0))
         assert "compilation_info" in matmul.attributes
         assert "compilation_info" not in fill.attributes
-        assert iterator_types_of(matmul) == MATMUL_ITERS
+        assert iterator_types(matmul) == MATMUL_ITERS
 
 
 def test_iterator_types_of_a_convolution():
@@ -111,7 +111,25 @@ def test_iterator_types_of_a_convolution():
         module = ir.Module.parse((WORKLOADS / "conv_relu.mlir").read_text())
         conv = find_anchor(module, lambda op: op.name.startswith("linalg.conv_"))
         # n, oh, ow, f parallel; kh, kw, c reduction
-        assert iterator_types_of(conv) == ["parallel"] * 4 + ["reduction"] * 3
+        assert iterator_types(conv) == ["parallel"] * 4 + ["reduction"] * 3
+
+
+def test_forcing_a_plan_configures_its_contraction_and_leaves_other_anchors_to_iree():
+    # mlp_chain's searched plan may tile the bias broadcast as a group of its own; IREE takes
+    # tile sizes on the dispatch's root contraction only, so that group is not forced.
+    text = (WORKLOADS / "mlp_chain.mlir").read_text()
+    levels = [{"tile_sizes": [0, 256], "loop": "forall"}]
+    plan = {"groups": [{"anchor": ("linalg.matmul", 0), "fuse": [],
+                        "levels": [{"tile_sizes": [64, 128, 0]}, {"tile_sizes": [8, 16, 0]}, {"tile_sizes": [0, 0, 2]}]},
+                       {"anchor": ("linalg.broadcast", 0), "fuse": [], "levels": levels}]}
+    forced = force_plan(text, plan)
+    assert len(forced.configs) == 1
+    with context():
+        module = ir.Module.parse(forced.text)
+        assert "compilation_info" in find_anchor(module, ("linalg.matmul", 0)).attributes
+        assert "compilation_info" not in find_anchor(module, ("linalg.broadcast", 0)).attributes
+    with pytest.raises(NotMeasurable, match="no group of the plan anchors a contraction"):
+        force_plan(text, {"groups": [plan["groups"][1]]})
 
 
 def test_convolution_is_refused_not_faked():

@@ -453,17 +453,25 @@ def _enclosing_func(op: ir.Operation) -> str:
     return ""
 
 
+def _structured_iterator_types(op: ir.Operation, maps: list[ir.AffineMap]) -> list[str]:
+    if "iterator_types" in op.attributes:
+        return _iterator_types_from_attr(op.attributes["iterator_types"])
+    # Named ops: a loop dim is parallel iff an init (output) map reads it (OpDSL's rule).
+    out_dims = {_dim_position(e) for m in maps[_num_inputs(op):] for e in m.results}
+    return ["parallel" if d in out_dims else "reduction" for d in range(maps[0].n_dims)]
+
+
+def iterator_types(op: ir.Operation) -> list[str]:
+    """Parallel / reduction per loop dim of a tileable op, as its TilingInterface defines them."""
+    maps = _affine_maps(op)
+    return _structured_iterator_types(op, maps) if maps else _non_structured_domain(op)[1]
+
+
 def describe_op(op: ir.Operation, uid: int) -> TileableOp:
     maps = _affine_maps(op)
     if maps:
         ranges, dynamic = _structured_domain(op, maps)
-        if "iterator_types" in op.attributes:
-            iterators = _iterator_types_from_attr(op.attributes["iterator_types"])
-        else:
-            # Named ops: a loop dim is parallel iff an init (output) map reads it (OpDSL's rule).
-            n_in = _num_inputs(op)
-            out_dims = {_dim_position(e) for m in maps[n_in:] for e in m.results}
-            iterators = ["parallel" if d in out_dims else "reduction" for d in range(len(ranges))]
+        iterators = _structured_iterator_types(op, maps)
         map_text = [str(m) for m in maps]
         batch = [d for d, t in enumerate(iterators)
                  if t == "parallel" and all(d in {_dim_position(e) for e in m.results} for m in maps)]

@@ -30,8 +30,9 @@ from typing import Any, Literal, Union
 import numpy as np
 from pydantic import BaseModel, Field
 
+from service.ir.graph import describe_op
 from service.ir.hints import hint_for
-from service.ir.mlir import context, ir, linalg, tool_path
+from service.ir.mlir import context, ir, tool_path
 
 PARALLEL = "parallel"
 REDUCTION = "reduction"
@@ -41,6 +42,8 @@ log = logging.getLogger(__name__)
 
 # Ops whose `compilation_info` IREE 3.13 silently drops and replaces with its own config (checked
 # for conv_2d; other ops are caught after compiling, by comparing with the configs IREE dumps).
+# Op kinds (service.ir.graph) whose tiling IREE's CPU backend can be told through compilation_info.
+CONFIGURABLE_KINDS = ("contraction", "convolution")
 _IGNORED_CONFIG_PREFIXES = ("linalg.conv_", "linalg.depthwise_conv_")
 
 # Ops never counted when anchors are addressed by index among linalg ops (they are region
@@ -271,31 +274,6 @@ def find_anchor(module: ir.Module | ir.OpView, anchor: AnchorRef) -> ir.Operatio
     return ops[0]
 
 
-def iterator_types_of(op: ir.Operation) -> list[str]:
-    """Iterator type (parallel / reduction) of each loop dim of a linalg op."""
-    if "iterator_types" in op.attributes:  # linalg.generic
-        kinds = [str(a) for a in ir.ArrayAttr(op.attributes["iterator_types"])]
-        return [REDUCTION if "reduction" in k else PARALLEL for k in kinds]
-    # Before contraction: a conv also matches contraction inference, on a subset of its dims.
-    conv = linalg.infer_convolution_dimensions(op)
-    if conv is not None:
-        groups = (conv.batch, conv.output_image, conv.output_channel, conv.filter_loop,
-                  conv.input_channel, conv.depth)
-        kinds = [PARALLEL] * sum(len(g) for g in groups)
-        for d in list(conv.filter_loop) + list(conv.input_channel):
-            kinds[d] = REDUCTION
-        return kinds
-    contraction = linalg.infer_contraction_dimensions(op)
-    if contraction is not None:
-        # batch, m, n and k partition the loop dims, so they also give the loop count.
-        groups = (contraction.batch, contraction.m, contraction.n, contraction.k)
-        kinds = [PARALLEL] * sum(len(g) for g in groups)
-        for d in contraction.k:
-            kinds[d] = REDUCTION
-        return kinds
-    raise ValueError(f"cannot tell the iterator types of {op.name}")
-
-
 def _enclosing_func(op: ir.Operation) -> ir.Operation:
     parent = op.parent
     while parent is not None and parent.name != "func.func":
@@ -394,11 +372,17 @@ def force_plan(
                     f"{op.name}: IREE 3.13 silently drops a compilation_info on convolutions and "
                     "keeps its own config, so a forced conv plan cannot be measured"
                 )
+            described = describe_op(op, uid=-1)
+            if described.kind not in CONFIGURABLE_KINDS:
+                continue  # IREE's CPU backend takes tile sizes for its root op only: it tiles this one itself
             label = f"{group['anchor']} ({op.name})"
-            config = lowering_config_from_levels(group["levels"], iterator_types_of(op), anchor=label)
+            config = lowering_config_from_levels(group["levels"], described.iterator_types, anchor=label)
             op.attributes["compilation_info"] = ir.Attribute.parse(compilation_info_text(config, translation_info))
             configs.append(config)
             funcs.add(_func_name(_enclosing_func(op)))
+        if not configs:
+            raise NotMeasurable("no group of the plan anchors a contraction: IREE's CPU backend takes "
+                                "tile sizes on its root contraction or convolution only")
         if len(funcs) != 1:
             raise NotMeasurable(f"plan anchors span several functions {sorted(funcs)}: time one at a time")
         (function,) = funcs

@@ -15,9 +15,6 @@ from service.ir.graph import OpGraph
 from service.ir.plan import Plan
 from service.ir.tasks import apply_plan_to_text, cached_analysis
 
-# Op kinds whose tiling IREE's CPU backend can be told through compilation_info.
-_CONFIGURABLE_KINDS = ("contraction", "convolution")
-
 
 def group_signature(graph: OpGraph, anchor: int) -> str:
     """The anchor's structure and its direct neighbourhood: equal for the 'same' group elsewhere."""
@@ -122,12 +119,12 @@ def warm_start_plans(graph: OpGraph, records: list[dict]) -> list[dict]:
 def compilation_infos(graph: OpGraph, plan: dict, translation_info: str | None = None) -> dict:
     """IREE `compilation_info` attribute text per contraction/convolution anchor of the plan,
     with `translation_info` (default: the pipeline without options)."""
-    from service.measure.iree import compilation_info_text, lowering_config_from_levels
+    from service.measure.iree import CONFIGURABLE_KINDS, compilation_info_text, lowering_config_from_levels
 
     out = {}
     for group in plan.get("groups", []):
         op = graph.op(group["anchor"])
-        if op.kind not in _CONFIGURABLE_KINDS or len(group["levels"]) > 3:
+        if op.kind not in CONFIGURABLE_KINDS or len(group["levels"]) > 3:
             continue
         config = lowering_config_from_levels(group["levels"], op.iterator_types, anchor=op.name)
         out[str(op.uid)] = {
