@@ -110,6 +110,24 @@ def test_good_hints_and_buckets_pass_in_every_spelling():
         check(SCALE, hints=["arg1=4"])
 
 
+BATCH_MATMUL = """
+func.func @bmm(%a: tensor<?x128x64xf32>, %b: tensor<?x64x128xf32>, %c: tensor<4x128x128xf32>) -> tensor<4x128x128xf32> {
+  %r = linalg.batch_matmul ins(%a, %b : tensor<?x128x64xf32>, tensor<?x64x128xf32>)
+      outs(%c : tensor<4x128x128xf32>) -> tensor<4x128x128xf32>
+  return %r : tensor<4x128x128xf32>
+}
+"""
+
+
+def test_hints_that_size_one_loop_two_ways_are_refused():
+    check(BATCH_MATMUL, hints=["arg0=4x128x64", "arg1=4x64x128"])
+    with pytest.raises(ShapeHintError, match=r"linalg.batch_matmul in @bmm reads dim 0 of arg0 \(4\) and dim 0 "
+                                             r"of arg1 \(8\) as the same loop; give both the same size"):
+        check(BATCH_MATMUL, hints=["arg0=4x128x64", "arg1=8x64x128"])
+    with pytest.raises(ShapeHintError, match=r"dim 0 of arg0 \(2\) and dim 0 of arg2 \(4\)"):  # against a static dim
+        check(BATCH_MATMUL, hints=["arg0=2x128x64", "arg1=2x64x128"])
+
+
 def test_bucket_hints_keep_the_arguments_static_dims():
     """A bucket sizes the argument's dynamic dim; its static dims come from its type (the fill's
     result, tensor<?x16xf32>, was taken for arg0's shape)."""

@@ -13,9 +13,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from service.ir.graph import OpGraph
+from service.ir.graph import OpGraph, walk_ops
 from service.ir.hints import HINT_NAME, hint_for, hint_key, split_hint_key
-from service.ir.mlir import context, ir
+from service.ir.mlir import context, ir, linalg
 
 from .errors import ShapeHintError
 from .space import DEFAULT_DYNAMIC_EXTENT
@@ -290,8 +290,43 @@ def check_shapes(module: ir.Module, graph: OpGraph, hints: dict[str, list[int]],
         raise ShapeHintError("one bucketed dim per search: pass a single --bucket NAME=v1,v2,...")
     arguments = function_arguments(module)
     check_shape_hints(hints, arguments)
+    check_hints_agree(module, hints)
     check_buckets(buckets, graph, arguments)
     return arguments
+
+
+def check_hints_agree(module: ir.Module, hints: dict[str, list[int]]) -> None:
+    """Two arguments an op reads along the same loop dim must be as long there: a batch matmul
+    given arg0=4x128x64 and arg1=8x64x128 has no batch size (the cost model would take the
+    first and plan for a shape that never runs)."""
+    if not hints:
+        return
+    with context():
+        for func in module.body.operations:
+            if func.operation.name != "func.func" or len(func.regions[0].blocks) == 0:
+                continue
+            name = ir.StringAttr(func.attributes["sym_name"]).value
+            args = list(func.regions[0].blocks[0].arguments)
+            for op in walk_ops(func.operation):
+                maps = linalg.get_indexing_maps(op) if op.name.startswith("linalg.") else None
+                if maps is None or len(maps) != len(op.operands):
+                    continue
+                seen: dict[int, tuple[str, int, int]] = {}  # loop dim -> (argN, its dim, size)
+                for value, amap in zip(op.operands, maps):
+                    if not isinstance(value, ir.BlockArgument) or value not in args or not isinstance(value.type, ir.RankedTensorType):
+                        continue
+                    hint = hint_for(hints, name, value.arg_number)
+                    shape = list(hint) if hint is not None else list(ir.RankedTensorType(value.type).shape)
+                    for d, e in enumerate(ir.AffineMapAttr(amap).value.results):
+                        if not isinstance(e, ir.AffineDimExpr) or d >= len(shape) or shape[d] < 0:
+                            continue
+                        here = (f"arg{value.arg_number}", d, shape[d])
+                        first = seen.setdefault(ir.AffineDimExpr(e).position, here)
+                        if first[2] != here[2]:
+                            raise ShapeHintError(
+                                f"shape hints disagree: {op.name} in @{name} reads dim {first[1]} of {first[0]} "
+                                f"({first[2]}) and dim {d} of {here[0]} ({here[2]}) as the same loop; "
+                                "give both the same size")
 
 
 # --------------------------------------------------------------------------- buckets
