@@ -306,6 +306,19 @@ def test_a_reduction_level_under_an_untiled_vector_level_makes_the_whole_tile_a_
     assert latency([0, 0, 0]) > 1.5 * latency([8, 16, 0])
 
 
+def test_a_vector_level_without_a_reduction_level_is_a_register_tile_over_all_of_k(zen3) -> None:
+    """attention_scores with its fill fused, [0, 0, 64] / [1, 4, 8] and no reduction level:
+    IREE vectorizes a 4x8 tile over all of K = 64 (0.79x its default on a Zen 1). With the fill
+    fused the accumulator is not loop-carried, and the tile was once priced at full speed,
+    below the same tile with k = 2."""
+    plan = Plan.model_validate({"groups": [{"anchor": 1, "fuse": [0, 2], "levels": [
+        {"tile_sizes": [0, 0, 64, 0], "loop": "forall"}, {"tile_sizes": [1, 4, 8, 0], "loop": "for"}]}]})
+    with context():
+        tagged = tag_tileable_ops(parse_module((WORKLOADS / "attention_scores.mlir").read_text()))
+        whole_k = estimate_cost(apply_plan(tagged, plan).module, zen3).latency_s
+    assert whole_k > 1.1 * _latency_of("attention_scores", zen3, 1, [0, 2], [0, 0, 64, 0], [1, 4, 8, 0], [0, 0, 0, 2])
+
+
 def test_a_single_scf_for_level_leaves_the_vector_tile_to_the_compiler(zen3) -> None:
     """Seed 000's super tiling tiles one dim with scf.for, for memory only; the loop carries the
     output like a reduction loop would, but no register tile is chosen (it once read as a

@@ -37,6 +37,10 @@ log = logging.getLogger(__name__)
 
 DYNAMIC = ir.ShapedType.get_dynamic_size()
 DEFAULT_DYNAMIC_EXTENT = 128
+# Part of every decision key: a stored decision is served only under the model that chose it.
+# Bump on any change that moves a plan's predicted cost.
+# 2: under two plan levels or more the plan chooses the register tile (_plan_chose_vector_tile).
+COST_MODEL_VERSION = "cost-model/2"
 UID_ATTR = "ts.uid"
 LOOP_OPS = ("scf.forall", "scf.for")
 # Ops whose results are views or metadata: no data moves, no flops.
@@ -1049,14 +1053,18 @@ def _band_levels(root: Node) -> dict[int, int]:
 
 
 def _plan_chose_vector_tile(c: Compute, level: int) -> bool:
-    """Whether the plan, not IREE, chose this compute's vector tile: under all three plan levels,
-    or in a loop carrying its accumulator under a distribution level with an untiled vector
-    level between, where IREE's vector tile is the whole enclosing tile (a [32, 32]
-    distribution tile with k = 2 and no vector level is a 32x32 register tile: it ran 0.80x
-    IREE's default on matmul_1024, Zen 3, where the model had priced it at full speed, the
-    optimum of the whole space). A single level (seed 000's super tiling) tiles for memory
-    only: the compiler picks the vector tile."""
-    return level >= 3 or (level >= 2 and c.carried_acc_bytes > 0)
+    """Whether the plan, not IREE, chose this compute's vector tile: under two plan levels or
+    more, IREE's vector tile is the plan's second level (service.measure.iree's mapping).
+    - In a loop carrying its accumulator under a distribution level, with no vector level
+      between, the vector tile is the whole enclosing tile: a [32, 32] distribution tile with
+      k = 2 is a 32x32 register tile (0.80x IREE's default on matmul_1024, Zen 3, where the
+      model had priced it at full speed, the optimum of the whole space).
+    - Under a vector level with no reduction level, the reduction is not tiled: attention's
+      [1, 4, 8] tile with its fill fused is a 4x8 register tile over all of K = 64 (0.79x
+      IREE's default, Zen 1, priced at full speed while its accumulator was not loop-carried).
+    A single level (seed 000's super tiling) tiles for memory only: the compiler picks the
+    vector tile."""
+    return level >= 2
 
 
 def _microkernel_efficiency(c: Compute, level: int, hw: HardwareModel, acc_trips: int) -> float:
