@@ -29,6 +29,7 @@ from service.hardware.profiles import get_profile, list_profiles
 from service.ir.mlir import provider_version
 from service.ir.sandbox import Sandbox, result_of
 from service.search.shapes import parse_shape_hints
+from service.hardware.cost import COST_MODEL_VERSION
 from service.search.space import SPACE_VERSION
 from service.store import repo
 from service.store.db import session_scope
@@ -181,6 +182,7 @@ class TilingService:
             module_fingerprint=info["fingerprint"],
             hardware_hash=hardware.content_hash(),
             search_space_version=SPACE_VERSION,
+            cost_model_version=COST_MODEL_VERSION,
             objective=request.objective,
             shape_bucket=_shape_bucket(request),
             provider_version=provider_version(),

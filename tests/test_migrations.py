@@ -58,6 +58,26 @@ def test_up_down_up(database_url: str) -> None:
         engine.dispose()
 
 
+def test_decisions_stored_before_the_cost_model_version_read_unrecorded(database_url: str) -> None:
+    from sqlalchemy import text
+
+    migrate.upgrade(database_url, "0001_initial")
+    engine = make_engine(database_url, poolclass=NullPool)
+    try:
+        with engine.begin() as conn:
+            conn.execute(text(
+                "INSERT INTO decisions (key, module_fingerprint, hardware_hash, search_space_version, objective, "
+                "shape_bucket, provider_version, status, created_at, updated_at) VALUES ('k', 'fp', 'hw', 'space', "
+                "'latency', 'static', 'iree', 'done', CURRENT_TIMESTAMP, CURRENT_TIMESTAMP)"))
+        migrate.upgrade(database_url)
+        with engine.connect() as conn:
+            assert conn.execute(text("SELECT cost_model_version FROM decisions WHERE key = 'k'")).scalar_one() == "unrecorded"
+        migrate.downgrade(database_url, "0001_initial")
+        assert "cost_model_version" not in {c["name"] for c in inspect(engine).get_columns("decisions")}
+    finally:
+        engine.dispose()
+
+
 def test_models_match_migrations(migrated_url: str) -> None:
     engine = make_engine(migrated_url, poolclass=NullPool)
     try:

@@ -39,6 +39,7 @@ def parts(fingerprint: str = "fp-a", hardware_hash: str = "hw-1") -> DecisionKey
         module_fingerprint=fingerprint,
         hardware_hash=hardware_hash,
         search_space_version="space-1",
+        cost_model_version="cost-model/1",
         objective="latency",
         shape_bucket="static",
         provider_version="iree-base-compiler==3.13.0",

@@ -41,6 +41,7 @@ class DecisionSummary(BaseModel):
     module_fingerprint: str
     hardware_hash: str
     search_space_version: str
+    cost_model_version: str
     objective: str
     shape_bucket: str
     provider_version: str

@@ -129,6 +129,7 @@ class Decision(Base):
     module_fingerprint: Mapped[str] = mapped_column(String(HASH_LEN))
     hardware_hash: Mapped[str] = mapped_column(String(HASH_LEN))
     search_space_version: Mapped[str] = mapped_column(String(64))
+    cost_model_version: Mapped[str] = mapped_column(String(64))
     objective: Mapped[str] = mapped_column(String(64))
     shape_bucket: Mapped[str] = mapped_column(String(200))
     provider_version: Mapped[str] = mapped_column(String(100))

@@ -76,6 +76,7 @@ class DecisionKeyParts:
     module_fingerprint: str
     hardware_hash: str
     search_space_version: str
+    cost_model_version: str
     objective: str
     shape_bucket: str
     # The MLIR provider (e.g. "iree-base-compiler==3.13.0"): a new compiler may tile differently.
