@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from service.ir.graph import iterator_types
+from service.ir.graph import describe_op
 from service.ir.mlir import context, ir
 from service.measure.iree import (
     BenchSettings,
@@ -103,7 +103,7 @@ def test_force_plan_sets_the_attribute_on_the_anchor_only():
         fill = find_anchor(module, ("linalg.fill", 0))
         assert "compilation_info" in matmul.attributes
         assert "compilation_info" not in fill.attributes
-        assert iterator_types(matmul) == MATMUL_ITERS
+        assert describe_op(matmul, uid=-1).iterator_types == MATMUL_ITERS
 
 
 def test_iterator_types_of_a_convolution():
@@ -111,7 +111,7 @@ def test_iterator_types_of_a_convolution():
         module = ir.Module.parse((WORKLOADS / "conv_relu.mlir").read_text())
         conv = find_anchor(module, lambda op: op.name.startswith("linalg.conv_"))
         # n, oh, ow, f parallel; kh, kw, c reduction
-        assert iterator_types(conv) == ["parallel"] * 4 + ["reduction"] * 3
+        assert describe_op(conv, uid=-1).iterator_types == ["parallel"] * 4 + ["reduction"] * 3
 
 
 def test_forcing_a_plan_configures_its_contraction_and_leaves_other_anchors_to_iree():

@@ -461,12 +461,6 @@ def _structured_iterator_types(op: ir.Operation, maps: list[ir.AffineMap]) -> li
     return ["parallel" if d in out_dims else "reduction" for d in range(maps[0].n_dims)]
 
 
-def iterator_types(op: ir.Operation) -> list[str]:
-    """Parallel / reduction per loop dim of a tileable op, as its TilingInterface defines them."""
-    maps = _affine_maps(op)
-    return _structured_iterator_types(op, maps) if maps else _non_structured_domain(op)[1]
-
-
 def describe_op(op: ir.Operation, uid: int) -> TileableOp:
     maps = _affine_maps(op)
     if maps:

@@ -40,10 +40,10 @@ DEFAULT_PIPELINE = "DoubleTilingExpert"
 
 log = logging.getLogger(__name__)
 
-# Ops whose `compilation_info` IREE 3.13 silently drops and replaces with its own config (checked
-# for conv_2d; other ops are caught after compiling, by comparing with the configs IREE dumps).
 # Op kinds (service.ir.graph) whose tiling IREE's CPU backend can be told through compilation_info.
 CONFIGURABLE_KINDS = ("contraction", "convolution")
+# Ops whose `compilation_info` IREE 3.13 silently drops and replaces with its own config (checked
+# for conv_2d; other ops are caught after compiling, by comparing with the configs IREE dumps).
 _IGNORED_CONFIG_PREFIXES = ("linalg.conv_", "linalg.depthwise_conv_")
 
 # Ops never counted when anchors are addressed by index among linalg ops (they are region

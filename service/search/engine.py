@@ -25,8 +25,8 @@ from service.hardware.model import HardwareModel
 from service.ir.analysis import analyze
 from service.ir.errors import PlanError
 from service.ir.hints import hint_for
-from service.ir.plan import Group, Plan
 from service.ir.mlir import trust_ir_when_printing
+from service.ir.plan import Group, Plan
 from service.ir.transform import check_plan
 
 from .candidate import Candidate, Evaluation
