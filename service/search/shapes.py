@@ -41,14 +41,17 @@ class Argument:
         return [d for d, s in enumerate(self.shape or ()) if s is None]
 
 
+def _defined_functions(module: ir.Module) -> list[tuple[str, ir.Operation]]:
+    """(name, op) of every function with a body (declarations take no hints); in a context."""
+    return [(ir.StringAttr(op.attributes["sym_name"]).value, op) for op in module.body.operations
+            if op.operation.name == "func.func" and len(op.regions[0].blocks) > 0]
+
+
 def function_arguments(module: ir.Module) -> list[Argument]:
     """The arguments of every function with a body (declarations take no hints)."""
     out: list[Argument] = []
     with context():
-        for op in module.body.operations:
-            if op.operation.name != "func.func" or len(op.regions[0].blocks) == 0:
-                continue
-            func = ir.StringAttr(op.attributes["sym_name"]).value
+        for func, op in _defined_functions(module):
             for i, arg in enumerate(op.regions[0].blocks[0].arguments):
                 shape = None
                 if isinstance(arg.type, ir.ShapedType) and ir.ShapedType(arg.type).has_rank:
@@ -302,10 +305,7 @@ def check_hints_agree(module: ir.Module, hints: dict[str, list[int]]) -> None:
     if not hints:
         return
     with context():
-        for func in module.body.operations:
-            if func.operation.name != "func.func" or len(func.regions[0].blocks) == 0:
-                continue
-            name = ir.StringAttr(func.attributes["sym_name"]).value
+        for name, func in _defined_functions(module):
             args = list(func.regions[0].blocks[0].arguments)
             for op in walk_ops(func.operation):
                 maps = linalg.get_indexing_maps(op) if op.name.startswith("linalg.") else None
