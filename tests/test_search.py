@@ -578,6 +578,45 @@ def test_tpe_reusing_its_estimators_within_a_batch_samples_as_optuna_does():
         _KnownSpaceTPESampler(space, constant_liar=True)
 
 
+def test_the_tpe_strategy_proposes_what_optunas_ask_and_tell_would():
+    # The strategy draws from its sampler without Study.ask (most of an ask's cost) and tells
+    # every result as a completed trial: its proposals must be those of Optuna's own TPE driven
+    # by ask and tell, warm start first, random startup, then TPE, batch after batch.
+    import optuna
+
+    from service.search.candidate import Evaluation
+    from service.search.space import Knob
+    from service.search.strategies import _TPE_EI_CANDIDATES, OptunaStrategy
+
+    knobs = [Knob(f"k{i}", [0, 8, 16, 32, 64, 128]) for i in range(5)]
+    warm = {k.name: 16 for k in knobs}
+    ours = OptunaStrategy("tpe", knobs, seed=3, warm_start=[warm])
+    sampler = optuna.samplers.TPESampler(seed=3, multivariate=True, n_startup_trials=10,
+                                         n_ei_candidates=_TPE_EI_CANDIDATES, constant_liar=False)
+    study = optuna.create_study(direction="minimize", sampler=sampler)
+    study.enqueue_trial(warm)
+    space = {k.name: optuna.distributions.CategoricalDistribution(k.choices) for k in knobs}
+
+    def latency(params: dict) -> float:
+        return 1e-3 * (1 + sum(abs(v - 16 * i) for i, v in enumerate(params.values())))
+
+    proposed: list[dict] = []
+    for _ in range(8):  # the engine asks a batch, then tells it
+        candidates = [ours.suggest() for _ in range(8)]
+        trials = [study.ask(space) for _ in range(8)]
+        assert [c.params for c in candidates] == [t.params for t in trials]
+        for c, t in zip(candidates, trials):
+            feasible = c.params["k0"] <= 64
+            ev = Evaluation(plan={"groups": []}, latency_s=latency(c.params), feasible=feasible)
+            ours.tell(c, ev)
+            t.set_constraint("infeasible", 0.0 if feasible else 1.0)
+            study.tell(t, ev.objective)
+            proposed.append(c.params)
+    assert proposed[0] == warm
+    assert len({tuple(p.values()) for p in proposed[10:]}) > 20  # it did sample, not repeat one point
+    assert [t.params for t in ours.study.trials] == proposed  # every result told, in order
+
+
 def test_knob_distributions_are_equal_exactly_when_their_choices_are():
     """The strategies' categorical (plain tuple equality, for speed) agrees with Optuna's own."""
     import optuna

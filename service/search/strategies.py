@@ -108,6 +108,10 @@ class _Choices(optuna.distributions.CategoricalDistribution):
 
     __hash__ = optuna.distributions.CategoricalDistribution.__hash__
 
+    def __deepcopy__(self, memo: dict) -> "_Choices":
+        # Immutable: the study's deep copy of every trial told (a distribution per knob) shares it.
+        return self
+
 
 class _KnownSpaceTPESampler(optuna.samplers.TPESampler):
     """TPE over a search space known up front, its Parzen estimators built once per batch.
@@ -196,11 +200,11 @@ class _CategoricalMixture:
 class OptunaStrategy:
     """TPE (latency, feasibility as a constraint) or NSGA-II (latency vs peak footprint).
 
-    TPE with `identity`: when the sampler proposes a plan already proposed, the asked trial is
-    dropped (FAIL: TPE ignores it, and the plan's result is in the study already) and a
-    neighbour is proposed instead: one to three knobs of the proposal changed at random
-    (seeded), the first whose plan is new. Its result enters the study as a completed trial
-    with the same constraint, so TPE learns from it like from its own."""
+    TPE draws from its sampler directly (`_suggest_tpe`) and every result enters the study as a
+    completed trial, in the order suggested. With `identity`: when the sampler proposes a plan
+    already proposed, a neighbour is proposed instead: one to three knobs of the proposal
+    changed at random (seeded), the first whose plan is new; TPE learns from its result like
+    from its own (the repeat's is in the study already)."""
 
     def __init__(self, name: str, knobs: list[Knob], seed: int, warm_start: list[dict] | None = None,
                  identity: Identity | None = None) -> None:
@@ -219,14 +223,19 @@ class OptunaStrategy:
                 n_ei_candidates=_TPE_EI_CANDIDATES,
             )
             self.study = optuna.create_study(direction="minimize", sampler=sampler)
+        self.warm: deque[dict] = deque()
         for params in warm_start or []:
             # Optuna raises on a value outside a knob's choices, from inside a later ask.
-            if all(params.get(k.name) in k.choices for k in knobs):
-                self.study.enqueue_trial(params, skip_if_exists=True)
-            else:
+            if not all(params.get(k.name) in k.choices for k in knobs):
                 log.warning("warm start outside the search space dropped: %s", params)
+            elif name == "tpe":
+                self.warm.append({k.name: params[k.name] for k in knobs})
+            else:
+                self.study.enqueue_trial(params, skip_if_exists=True)
 
     def suggest(self) -> Candidate | None:
+        if self.name == "tpe":
+            return self._suggest_tpe()
         trial = self.study.ask(self.distributions)
         params = dict(trial.params)
         if self.proposed is None or self.proposed.is_new(params):
@@ -236,6 +245,31 @@ class OptunaStrategy:
             return Candidate(params=params, source=self.name, token=trial)
         _tell(self.study, trial, state=optuna.trial.TrialState.FAIL)
         return Candidate(params=neighbour, source=self.name, token=None)
+
+    def _suggest_tpe(self) -> Candidate:
+        """TPE's proposal without `Study.ask`: the sampler's own draws, told back as completed
+        trials (`tell`). `ask` makes a running trial and suggests each knob through it, each
+        suggestion checking the knob against the study's trials: with a space known up front
+        that is most of an ask's cost, and it decides nothing. The draws are those `ask` makes
+        (warm starts first; random ones until `n_startup_trials` have finished; then the
+        multivariate TPE sample), so the proposals are Optuna's own (tests/test_search.py)."""
+        sampler, study = self.study.sampler, self.study
+        if self.warm:
+            params = self.warm.popleft()
+        else:
+            study._thread_local.cached_all_trials = None  # as `ask` does: see the trials told since
+            finished = study._get_trials(deepcopy=False, states=_FINISHED, use_cache=True)
+            if len(finished) < sampler._n_startup_trials:
+                params = {name: sampler._random_sampler.sample_independent(study, None, name, dist)
+                          for name, dist in self.distributions.items()}
+            else:
+                params = sampler._sample(study, None, self.distributions)
+        if self.proposed is not None and not self.proposed.is_new(params):
+            neighbour = _novel_neighbour(params, self.knobs, self.proposed, self.rng)
+            if neighbour is not None:
+                params = neighbour
+            # else: nothing new nearby: let the repeat through (the engine counts it idle)
+        return Candidate(params=params, source=self.name, token=None)
 
     def tell(self, candidate: Candidate, evaluation: Evaluation) -> None:
         usable = evaluation.latency_s is not None
@@ -248,7 +282,7 @@ class OptunaStrategy:
         else:
             values = [latency]
         trial = candidate.token
-        if trial is None:  # a neighbour proposed in place of a repeat
+        if trial is None:  # TPE's, or a neighbour proposed in place of a repeat
             self.study.add_trial(optuna.trial.create_trial(
                 params=candidate.params, distributions=self.distributions, values=values,
                 system_attrs={"constraints:infeasible": constraint},
