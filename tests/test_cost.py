@@ -563,3 +563,38 @@ func.func @f(%x: tensor<1024x1024xf32>) -> tensor<1024x1024xf32> {
     with context():
         (nest,) = estimate_cost(parse_module(text), get_profile("host-cpu")).nests
     assert nest.levels[0].footprint_bytes >= 4 << 20
+
+
+def test_a_kept_nest_cost_is_what_walking_the_nest_gives_in_another_plan():
+    """NestMemo: a group tiling one op and fusing nothing makes the same nest in every plan, so
+    the search keeps its cost from one plan for the next. Each plan's cost must still be the full
+    walk's (nests, reasons, the unfused bytes the relu reads from the untiled add), and the second
+    plan must take the relu's nest from the memo."""
+    from service.hardware.cost import NestMemo
+    from service.ir.graph import build_graph
+    from service.ir.transform import tiled_clone
+
+    hw = get_profile("npu-sram-256k")  # the relu's tiles do not fit: its reasons must come with it
+    relu_alone = {"anchor": 4, "fuse": [], "levels": [{"tile_sizes": [128, 1024], "loop": "forall"}]}
+    plans = [
+        [{"anchor": 1, "fuse": [0], "levels": [{"tile_sizes": [64, 64, 0], "loop": "forall"}]}, relu_alone],
+        [{"anchor": 1, "fuse": [0], "levels": [{"tile_sizes": [128, 32, 0], "loop": "forall"},
+                                               {"tile_sizes": [8, 16, 0], "loop": "for"}]},
+         {"anchor": 3, "fuse": [2], "levels": [{"tile_sizes": [64, 512], "loop": "forall"}]}, relu_alone],
+    ]
+    entries: dict = {}
+    with context():
+        tagged = tag_tileable_ops(parse_module((WORKLOADS / "mlp_chain.mlir").read_text()))
+        graph = build_graph(tagged)
+        for groups in plans:
+            clone, _, layouts = tiled_clone(tagged, Plan.model_validate({"groups": groups}), graph)
+            memo = NestMemo(keys={lay.index: lay.group.anchor for lay in layouts if not lay.group.fuse}, entries=entries)
+            kept_before = dict(entries)
+            with_memo = estimate_cost(clone, hw, memo=memo)
+            walked = estimate_cost(clone, hw)
+            assert with_memo == walked
+            clone.operation.erase()
+        assert list(entries) == [4]
+        assert any(n is kept_before[4][0] for n in with_memo.nests)  # the second plan's relu nest was kept
+        assert walked.unfused_intermediate_bytes > 0
+        assert kept_before[4][0].reasons and set(kept_before[4][0].reasons) <= set(walked.reasons)

@@ -861,3 +861,23 @@ def test_a_plan_that_crashes_mlir_costs_that_plan_even_with_one_worker(tmp_path)
     assert run.returncode == 0, run.stderr[-2000:]
     warnings = json.loads(run.stdout)["warnings"]
     assert any("super-tiling baseline could not be applied" in w for w in warnings), warnings
+
+
+def test_workers_keep_nest_costs_on_static_shapes_only(host):
+    """A worker keeps the nest cost of a group tiling one op alone across the plans it scores
+    (NestMemo), never on dynamic shapes, where a dim is sized by walking the IR outside the nest."""
+    from service.search import engine
+
+    def alone(anchor: int, sizes: list[int]) -> dict:
+        return {"anchor": anchor, "fuse": [], "levels": [{"tile_sizes": sizes, "loop": "forall"}]}
+
+    engine._nest_costs.clear()
+    plans = [{"groups": [alone(1, [64, 64, 0]), alone(4, [32, 256])]}, {"groups": [alone(1, [32, 128, 0]), alone(4, [32, 256])]}]
+    first = engine.evaluate_plans(source("mlp_chain"), host.canonical_json(), {}, plans)
+    (kept,) = engine._nest_costs.values()
+    assert set(kept) == {(1, (((64, 64, 0), "forall"),)), (1, (((32, 128, 0), "forall"),)), (4, (((32, 256), "forall"),))}
+    again = engine.evaluate_plans(source("mlp_chain"), host.canonical_json(), {}, plans)  # from what was kept
+    assert [{**r, "seconds": 0} for r in again] == [{**r, "seconds": 0} for r in first]
+    engine._nest_costs.clear()
+    (dynamic,) = engine.evaluate_plans(source("dynamic_matmul"), host.canonical_json(), {}, [{"groups": [alone(1, [32, 128, 0])]}])
+    assert dynamic["stage"] == "cost" and not engine._nest_costs

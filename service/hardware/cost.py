@@ -28,6 +28,7 @@ from itertools import count
 from pydantic import BaseModel, Field
 
 from service.ir.graph import holder_in
+from service.ir.origin import loop_group
 from service.ir.hints import hint_for
 from service.ir.mlir import context, ir, linalg
 
@@ -847,14 +848,43 @@ def _top_level_nests(func) -> list:
     return list(reversed(live))
 
 
+@dataclass
+class NestMemo:
+    """Nest costs a search reuses across the plans it scores: those of groups that tile one op
+    on their own and fuse nothing (the standalone tilings every mlp_chain plan carries were a
+    third of costing it). Such a group's nest is the same loops around the same op in every plan
+    that has the group: its ops are its own, and what it reads from outside was made by a loop
+    nest or not whatever the other groups do. The caller keys those groups (`keys`: the group's
+    index in the applied plan -> a key of the group) and keeps `entries` for one module, hardware
+    model and shape hints, on static shapes only (a dynamic dim is sized by walking the IR
+    outside the nest). A nest that left a note is not kept (the note would be lost)."""
+
+    keys: dict[int, object]
+    entries: dict = field(default_factory=dict)  # key -> (NestCost, its flops by uid, unfused input bytes)
+    limit: int = 4096
+
+    def key_of(self, op) -> object | None:
+        if not self.keys or _opname(op) not in LOOP_OPS:
+            return None
+        group = loop_group(op.operation)
+        return self.keys.get(group) if group is not None else None
+
+    def keep(self, key: object, entry: tuple) -> None:
+        if len(self.entries) >= self.limit:
+            self.entries.clear()
+        self.entries[key] = entry
+
+
 def estimate_cost(
     tiled: ir.Module,
     hardware: HardwareModel,
     shape_hints: dict[str, object] | None = None,
     original: ir.Module | None = None,
+    memo: NestMemo | None = None,
 ) -> Cost:
     """Cost of a tiled clone on `hardware`. `original` (the module before tiling, same uids)
-    makes recompute_flops exact; without it only ops computed in several nests count."""
+    makes recompute_flops exact; without it only ops computed in several nests count. `memo`:
+    nest costs kept from earlier plans of the same module (NestMemo)."""
     with context():
         # Declarations (external funcs) have no body and cost nothing here.
         funcs = [
@@ -872,6 +902,18 @@ def estimate_cost(
             nest_ops = _top_level_nests(func)
             produced_by_nest: set = set()
             for op in nest_ops:
+                key = memo.key_of(op) if memo is not None else None
+                if key is not None and key in memo.entries:
+                    nest, per_uid, unfused_in = memo.entries[key]
+                    reasons.extend(nest.reasons)
+                    unfused += unfused_in
+                    produced_by_nest.update(op.results)
+                    nests.append(nest)
+                    flops_by_nest_uid.append(per_uid)
+                    for uid, f in per_uid.items():
+                        executed_by_uid[uid] = executed_by_uid.get(uid, 0.0) + f
+                    continue
+                notes_before, unfused_before = len(an.notes), unfused
                 root = an.new_node(None, "root", 1, None)
                 an.build_body(root, [op])
                 for r in op.results:  # the nest's results live in main memory, outside the nest
@@ -893,6 +935,8 @@ def estimate_cost(
                         unfused += s[0].source_bytes
                 produced_by_nest.update(op.results)
                 nest, per_uid = _cost_nest(root, op, an, hardware, reasons)
+                if key is not None and len(an.notes) == notes_before:
+                    memo.keep(key, (nest, per_uid, unfused - unfused_before))
                 nests.append(nest)
                 flops_by_nest_uid.append(per_uid)
                 for uid, f in per_uid.items():

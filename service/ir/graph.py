@@ -112,6 +112,11 @@ class OpGraph:
     def op(self, uid: int) -> TileableOp:
         return self.ops[uid]
 
+    def has_static_shapes(self) -> bool:
+        """Every tensor a tileable op reads or writes has a static shape."""
+        return all(d is not None for op in self.ops.values() for shape in [*op.operand_shapes, *op.result_shapes]
+                   if shape is not None for d in shape)
+
     def topological_order(self) -> list[int]:
         """Uids in an order where every producer precedes its consumers (program order is one)."""
         return sorted(self.ops)

@@ -60,6 +60,16 @@ def _result_escapes(op: ir.Operation) -> bool:
     return any(use.owner.name in _SLICE_WRITES for r in op.results for use in r.uses)
 
 
+def loop_group(op: ir.Operation) -> int | None:
+    """The plan group (its index in the applied plan) whose tiling made this loop, read off its
+    `ts.loop` label (`g<group>.l<level>[.d<anchor dim>]`); None for any other op."""
+    if LOOP_ATTR not in op.attributes:
+        return None
+    label = ir.StringAttr(op.attributes[LOOP_ATTR]).value
+    head = label.split(".", 1)[0]
+    return int(head[1:]) if head[:1] == "g" and head[1:].isdigit() else None
+
+
 def _enclosing_loops(op: ir.Operation) -> list[str]:
     names: list[str] = []
     parent = op.parent

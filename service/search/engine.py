@@ -61,6 +61,9 @@ def _batch_size(proposed: int) -> int:
 _analyses: OrderedDict[str, Any] = OrderedDict()
 _extracts: OrderedDict[tuple, Any] = OrderedDict()  # (source hash, scope) -> (module, graph) | reason
 _hardware: dict[str, HardwareModel] = {}
+# Nest costs kept across plans (service.hardware.cost.NestMemo), per (source hash, scope,
+# hardware, shape hints).
+_nest_costs: OrderedDict[tuple, dict] = OrderedDict()
 
 
 def _analysis(source: str):
@@ -110,6 +113,27 @@ def prepare_scope(source: str, scope: list[int]) -> str | None:
     return None
 
 
+def _kept_nest_costs(source: str, scope: list[int] | None, hardware_json: str, shape_hints: dict, graph) -> dict | None:
+    """This worker's kept nest costs (NestMemo.entries) for the module, scope, hardware and
+    hints; None on dynamic shapes (see NestMemo)."""
+    if not graph.has_static_shapes():
+        return None
+    key = (hashlib.sha256(source.encode()).hexdigest(), tuple(scope or ()), hardware_json, json.dumps(shape_hints or {}, sort_keys=True))
+    if key not in _nest_costs:
+        _nest_costs[key] = {}
+        if len(_nest_costs) > 8:
+            _nest_costs.popitem(last=False)
+    _nest_costs.move_to_end(key)
+    return _nest_costs[key]
+
+
+def _single_op_groups(layouts) -> dict[int, tuple]:
+    """Plan groups that tile one op and fuse nothing, by index in the applied plan: the groups
+    NestMemo keeps the nests of."""
+    return {lay.index: (lay.group.anchor, tuple((tuple(lv.tile_sizes), lv.loop) for lv in lay.group.levels))
+            for lay in layouts if not lay.group.fuse}
+
+
 def peak_footprint(cost) -> int:
     levels = cost.levels[1:] or cost.levels
     return max((lv.footprint_bytes for lv in levels), default=0)
@@ -123,7 +147,7 @@ def evaluate_plans(source: str, hardware_json: str, shape_hints: dict, plans: li
     recompute_flops breakdown (latency and feasibility are the same) and doubles the cost.
     With `scope` (op uids), each plan's groups anchored in it are applied to the extract of
     those ops (service.ir.extract) and only its nests are costed."""
-    from service.hardware.cost import estimate_cost
+    from service.hardware.cost import NestMemo, estimate_cost
     from service.ir.mlir import context
     from service.ir.transform import tiled_clone
 
@@ -133,6 +157,7 @@ def evaluate_plans(source: str, hardware_json: str, shape_hints: dict, plans: li
     else:
         payload, graph = _extract(source, tuple(scope))
     hw = _hardware_of(hardware_json)
+    kept = _kept_nest_costs(source, scope, hardware_json, shape_hints, graph)
     out = []
     for plan_json in plans:
         t0 = time.perf_counter()
@@ -141,8 +166,9 @@ def evaluate_plans(source: str, hardware_json: str, shape_hints: dict, plans: li
             plan = Plan(groups=[g for g in plan.groups if g.anchor in scope])
         tiled = None
         try:
-            tiled = tiled_clone(payload, plan, graph)[0] if plan.groups else payload
-            cost = estimate_cost(tiled, hw, shape_hints or None, original=payload if exact else None)
+            tiled, _, layouts = tiled_clone(payload, plan, graph) if plan.groups else (payload, "", [])
+            memo = NestMemo(keys=_single_op_groups(layouts), entries=kept) if kept is not None else None
+            cost = estimate_cost(tiled, hw, shape_hints or None, original=payload if exact else None, memo=memo)
         except PlanError as err:
             out.append({"stage": "rejected", "reason": str(err), "seconds": time.perf_counter() - t0})
             continue
