@@ -232,38 +232,50 @@ class _Analyzer:
         self.arg_index = {a: i for i, a in enumerate(args)}
         self.intermediate_peaks: dict[int, int] = {}  # node id -> _intermediate_peak
         self.outside: dict[int, list] = {}  # node id -> _outside_slices
+        # Dynamic dims sized by walking the IR (tensor.dim of a slice of an empty sized by an
+        # affine.min ...): the same values are asked for again and again (dynamic_matmul: a
+        # third of its cost), and the IR does not change while it is analysed.
+        self.dynamic_shapes: dict[ir.Value, list[int]] = {}
+        self.index_values: dict[ir.Value, int | None] = {}  # int_value of op results
 
     # ----- values
     def int_value(self, v: ir.Value) -> int | None:
         """A static index value, or None when it depends on an induction variable."""
+        if v in self.index_values:
+            return self.index_values[v]
         if isinstance(v, ir.OpResult):
-            op = v.owner
-            name = _opname(op)
-            if name == "arith.constant":
-                return ir.IntegerAttr(op.attributes["value"]).value
-            if name == "tensor.dim":
-                src, idx = op.operands
-                i = self.int_value(idx)
-                return None if i is None else self.shape(src)[i]
-            if name in ("affine.apply", "affine.min", "affine.max"):
-                n_dims, results = _compiled_map(op.attributes["map"])
-                args = [self.int_value(o) for o in op.operands]
-                vals = [_eval_affine(e, args, n_dims) for e in results]
-                known = [x for x in vals if x is not None]
-                if name == "affine.min" and known:
-                    return min(known)  # a tile-size bound: the full tile is the common case
-                if name == "affine.max" and known:
-                    return max(known)
-                return vals[0] if len(vals) == 1 else None
-            if name in ("arith.addi", "arith.subi", "arith.muli", "arith.ceildivsi", "arith.divsi", "arith.minsi", "arith.minui"):
-                a, b = (self.int_value(o) for o in op.operands)
-                if a is None or b is None:
-                    return None
-                return {"arith.addi": a + b, "arith.subi": a - b, "arith.muli": a * b,
-                        "arith.ceildivsi": -(-a // b), "arith.divsi": a // b,
-                        "arith.minsi": min(a, b), "arith.minui": min(a, b)}[name]
-            if name == "arith.index_cast":
-                return self.int_value(op.operands[0])
+            self.index_values[v] = self._int_value_of_result(v)
+            return self.index_values[v]
+        return None
+
+    def _int_value_of_result(self, v: ir.OpResult) -> int | None:
+        op = v.owner
+        name = _opname(op)
+        if name == "arith.constant":
+            return ir.IntegerAttr(op.attributes["value"]).value
+        if name == "tensor.dim":
+            src, idx = op.operands
+            i = self.int_value(idx)
+            return None if i is None else self.shape(src)[i]
+        if name in ("affine.apply", "affine.min", "affine.max"):
+            n_dims, results = _compiled_map(op.attributes["map"])
+            args = [self.int_value(o) for o in op.operands]
+            vals = [_eval_affine(e, args, n_dims) for e in results]
+            known = [x for x in vals if x is not None]
+            if name == "affine.min" and known:
+                return min(known)  # a tile-size bound: the full tile is the common case
+            if name == "affine.max" and known:
+                return max(known)
+            return vals[0] if len(vals) == 1 else None
+        if name in ("arith.addi", "arith.subi", "arith.muli", "arith.ceildivsi", "arith.divsi", "arith.minsi", "arith.minui"):
+            a, b = (self.int_value(o) for o in op.operands)
+            if a is None or b is None:
+                return None
+            return {"arith.addi": a + b, "arith.subi": a - b, "arith.muli": a * b,
+                    "arith.ceildivsi": -(-a // b), "arith.divsi": a // b,
+                    "arith.minsi": min(a, b), "arith.minui": min(a, b)}[name]
+        if name == "arith.index_cast":
+            return self.int_value(op.operands[0])
         return None
 
     def shape(self, v: ir.Value) -> list[int]:
@@ -271,10 +283,11 @@ class _Analyzer:
         if t is None:
             return []
         dims = list(t.shape)
-        for i, d in enumerate(dims):
-            if d == DYNAMIC:
-                dims[i] = self.dynamic_extent(v, i)
-        return dims
+        if DYNAMIC not in dims:
+            return dims
+        if v not in self.dynamic_shapes:
+            self.dynamic_shapes[v] = [self.dynamic_extent(v, i) if d == DYNAMIC else d for i, d in enumerate(dims)]
+        return list(self.dynamic_shapes[v])
 
     def dynamic_extent(self, v: ir.Value, dim: int) -> int:
         v = self.resolve(v)
