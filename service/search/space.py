@@ -221,27 +221,25 @@ class GroupSpec:
         if not self.vector_limit_bytes:
             return None
 
-        def extent(d: int) -> int:
-            if self.iterator_types[d] == "parallel":
-                return inner[d] or outer[d] or self.ranges[d]
-            return red[d] or self.ranges[d]
-
-        while (elems := math.prod(extent(d) for d in range(len(self.ranges)))) * self.elem_bytes >= self.vector_limit_bytes:
-            shrinkable = []
+        extent = [(inner[d] or outer[d] or r) if t == "parallel" else (red[d] or r)
+                  for d, (t, r) in enumerate(zip(self.iterator_types, self.ranges))]
+        while (elems := math.prod(extent)) * self.elem_bytes >= self.vector_limit_bytes:
+            # The largest extent shrinks first, to its largest smaller choice; on ties the
+            # reduction (IREE's default is small), then the first dim.
+            best = None
             for d, choices in self.reduction_choices.items():
-                smaller = [c for c in choices if 0 < c < extent(d)]
-                if smaller:
-                    shrinkable.append((extent(d), 1, d, max(smaller), red))
+                smaller = max((c for c in choices if 0 < c < extent[d]), default=0)
+                if smaller and (best is None or (extent[d], 1, -d) > best[0]):
+                    best = ((extent[d], 1, -d), d, smaller, red)
             for d, choices in self.inner_choices.items():
                 span = outer[d] or self.ranges[d]
-                smaller = [c for c in choices if 0 < c < extent(d) and span % c == 0]
-                if smaller:
-                    shrinkable.append((extent(d), 0, d, max(smaller), inner))
-            if not shrinkable:
+                smaller = max((c for c in choices if 0 < c < extent[d] and span % c == 0), default=0)
+                if smaller and (best is None or (extent[d], 0, -d) > best[0]):
+                    best = ((extent[d], 0, -d), d, smaller, inner)
+            if best is None:
                 return f"vector tile of {elems} elements ({elems * self.elem_bytes} B) >= the {self.vector_limit_bytes} B limit, and no smaller tile choice"
-            # The largest extent shrinks first; on ties the reduction (IREE's default is small).
-            _, _, d, size, tiles = max(shrinkable, key=lambda t: (t[0], t[1], -t[2]))
-            tiles[d] = size
+            _, d, size, tiles = best
+            tiles[d] = extent[d] = size
         return None
 
     def default_params(self) -> dict:
