@@ -28,9 +28,9 @@ from itertools import count
 from pydantic import BaseModel, Field
 
 from service.ir.graph import holder_in
-from service.ir.origin import loop_group
 from service.ir.hints import hint_for
 from service.ir.mlir import context, ir, linalg
+from service.ir.origin import loop_group
 
 from .model import HardwareModel
 

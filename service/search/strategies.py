@@ -236,15 +236,8 @@ class OptunaStrategy:
     def suggest(self) -> Candidate | None:
         if self.name == "tpe":
             return self._suggest_tpe()
-        trial = self.study.ask(self.distributions)
-        params = dict(trial.params)
-        if self.proposed is None or self.proposed.is_new(params):
-            return Candidate(params=params, source=self.name, token=trial)
-        neighbour = _novel_neighbour(params, self.knobs, self.proposed, self.rng)
-        if neighbour is None:  # nothing new nearby: let the repeat through (the engine counts it idle)
-            return Candidate(params=params, source=self.name, token=trial)
-        _tell(self.study, trial, state=optuna.trial.TrialState.FAIL)
-        return Candidate(params=neighbour, source=self.name, token=None)
+        trial = self.study.ask(self.distributions)  # NSGA-II: its generations live in the study's trials
+        return Candidate(params=dict(trial.params), source=self.name, token=trial)
 
     def _suggest_tpe(self) -> Candidate:
         """TPE's proposal without `Study.ask`: the sampler's own draws, told back as completed
@@ -282,7 +275,7 @@ class OptunaStrategy:
         else:
             values = [latency]
         trial = candidate.token
-        if trial is None:  # TPE's, or a neighbour proposed in place of a repeat
+        if trial is None:  # TPE: every result enters the study as a completed trial
             self.study.add_trial(optuna.trial.create_trial(
                 params=candidate.params, distributions=self.distributions, values=values,
                 system_attrs={"constraints:infeasible": constraint},
@@ -292,12 +285,11 @@ class OptunaStrategy:
         _tell(self.study, trial, values)
 
 
-def _tell(study: optuna.Study, trial: optuna.trial.Trial, values: list[float] | None = None,
-          state: optuna.trial.TrialState | None = None) -> None:
+def _tell(study: optuna.Study, trial: optuna.trial.Trial, values: list[float]) -> None:
     """`study.tell` without the deep copy of the finished trial it returns (unused here): that
     copy was a sixth of the main process's CPU per evaluation (Optuna 5.0.0's `Study.tell` is
     `_tell_with_warning` and then the copy; private, hence the exact pin)."""
-    _optuna_tell._tell_with_warning(study=study, trial=trial, value_or_values=values, state=state)
+    _optuna_tell._tell_with_warning(study=study, trial=trial, value_or_values=values)
 
 
 def _novel_neighbour(params: dict, knobs: list[Knob], proposed: _Proposed, rng: random.Random) -> dict | None:
