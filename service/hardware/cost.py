@@ -41,7 +41,8 @@ DEFAULT_DYNAMIC_EXTENT = 128
 # Part of every decision key: a stored decision is served only under the model that chose it.
 # Bump on any change that moves a plan's predicted cost.
 # 2: under two plan levels or more the plan chooses the register tile (_plan_chose_vector_tile).
-COST_MODEL_VERSION = "cost-model/2"
+# 3: two rows of B never overflow the register file (_microkernel_efficiency).
+COST_MODEL_VERSION = "cost-model/3"
 UID_ATTR = "ts.uid"
 LOOP_OPS = ("scf.forall", "scf.for")
 # Ops whose results are views or metadata: no data moves, no flops.
@@ -1155,10 +1156,13 @@ def _microkernel_efficiency(c: Compute, level: int, hw: HardwareModel, acc_trips
     if needed > regs:
         steps = k * acc_trips
         spill *= steps / (steps + (needed - regs) * _SPILL_STEPS_PER_REGISTER)
-    # The step's tile of B, [k, n], is read into registers beside the accumulators. Beside
-    # accumulators that spill already, two rows of B cost nothing more, more rows do (Zen 3,
-    # 1024^3 matmul, 8x16 tiles: k = 2 ran 2.07x IREE's default, k = 4, 8, 16 1.67, 1.65, 1.53x).
-    b_overflows = regs < acc + k * n_vecs + 1 if needed <= regs else k > 2
+    # The step's tile of B, [k, n], is read into registers beside the accumulators. Two rows of
+    # B cost nothing more, whether or not the accumulators fit (Zen 2, 1024^3 matmul, 6x16
+    # tiles, 12 accumulators and 15 registers at k = 1: k = 2 ran 1.46x IREE's default, k = 1
+    # 1.31x); more rows do where they overflow the register file, or beside accumulators that
+    # spill already (Zen 3, same matmul, 8x16 tiles: k = 2 ran 2.07x, k = 4, 8, 16 1.67, 1.65,
+    # 1.53x).
+    b_overflows = k > 2 and (needed > regs or regs < acc + k * n_vecs + 1)
     b_tile = _B_TILE_OVERFLOW_EFFICIENCY if b_overflows else 1.0
     pipeline = min(1.0, acc / hw.compute.fma_pipeline_depth)
     loads = min(1.0, acc / (m + n_vecs))
