@@ -29,7 +29,8 @@ from service.ir.transform import layout_group
 ANCHOR_KINDS = ("contraction", "convolution", "reduction")
 # 5: shared fills get a copy per reader (service/ir/graph.py), which renumbers the ops after them.
 # 6: a contraction's batch dims get register tiles of 1 (inner_sizes).
-SPACE_VERSION = "search-space/6"
+# 7: a contraction's register tile may have 6 rows, which need not divide the rows enclosing them.
+SPACE_VERSION = "search-space/7"
 _ELEMENT_BYTES = {"f64": 8, "i64": 8, "f32": 4, "i32": 4, "f16": 2, "bf16": 2, "i16": 2, "i8": 1, "i1": 1}
 
 
@@ -123,6 +124,9 @@ class GroupSpec:
     anchor_kind: str = ""  # the anchor op's kind (contraction, convolution, reduction, ...)
     elem_bytes: int = 4
     outside_consumers: dict[int, list[int]] = field(default_factory=dict)  # optional producer -> consumers not in the group
+    # Inner dims whose tile need not divide its outer tile: a contraction's register-tile rows
+    # (IREE peels the remaining rows; inner_sizes).
+    peeled: tuple[int, ...] = ()
     _knob_names: tuple[str, ...] | None = field(default=None, repr=False, compare=False)
     _groups: dict[tuple, Group | str] = field(default_factory=dict, repr=False, compare=False)  # to_group memo
 
@@ -216,8 +220,9 @@ class GroupSpec:
         suggestion costs the sampler a full ask. Returns why no valid plan is near, or None."""
         for d, choices in self.inner_choices.items():
             span = outer[d] or self.ranges[d]
-            if inner[d] and (inner[d] >= span or span % inner[d]):
-                inner[d] = max((c for c in choices if 0 < c < min(inner[d], span) and span % c == 0), default=0)
+            if inner[d] and (inner[d] >= span or span % inner[d] and d not in self.peeled):
+                inner[d] = max((c for c in choices if 0 < c < min(inner[d], span) and (span % c == 0 or d in self.peeled)),
+                               default=0)
         if not self.vector_limit_bytes:
             return None
 
@@ -233,7 +238,7 @@ class GroupSpec:
                     best = ((extent[d], 1, -d), d, smaller, red)
             for d, choices in self.inner_choices.items():
                 span = outer[d] or self.ranges[d]
-                smaller = max((c for c in choices if 0 < c < extent[d] and span % c == 0), default=0)
+                smaller = max((c for c in choices if 0 < c < extent[d] and (span % c == 0 or d in self.peeled)), default=0)
                 if smaller and (best is None or (extent[d], 0, -d) > best[0]):
                     best = ((extent[d], 0, -d), d, smaller, inner)
             if best is None:
@@ -356,16 +361,25 @@ def outer_sizes(extent: int, min_size: int = 32, max_choices: int = 6, dynamic: 
     return [0, *ordered] if ordered else [0]
 
 
-def inner_sizes(extent: int, vector_elems: int, innermost: bool, many_dims: bool = False, batch: bool = False) -> list[int]:
+def inner_sizes(extent: int, vector_elems: int, innermost: bool, many_dims: bool = False, batch: bool = False,
+                rows: bool = False) -> list[int]:
     """Register-level tiles: multiples of the vector width on the innermost dim, small elsewhere
     (and 1 when the anchor has many parallel dims, e.g. convolutions, to fit a vector tile).
     A contraction's batch dim gets 1, as in IREE's default: a register tile spanning several
     batches multiplies the accumulators and shares no load between them. Measured (AMD Zen 3,
     AVX2, attention_scores under [2, 0, 32] distribution tiles, CPU time, paired): [0, 4, 16]
-    (both batches of the tile: 16 accumulators) ran 0.84x IREE's default, [1, 4, 16] 1.18x."""
+    (both batches of the tile: 16 accumulators) ran 0.84x IREE's default, [1, 4, 16] 1.18x.
+    A contraction's rows (`rows`) may also be 6: 6 rows of 2 vectors are 12 accumulators, the
+    FMA pipeline's depth, in 15 of 16 AVX2 registers with B's row and A's broadcast (BLIS's AVX2
+    kernel); 8 spill and 4 leave the FMA units idle. Measured (Zen 2, CPU time, paired with
+    IREE's default, medians of 2): attention_scores [1, 6, 16] at k = 2 1.16x, where 4x16 ran
+    1.02x and 8x16 0.70x; matmul_1024 6x16 1.47-1.57x, 8x16 1.47x."""
     if batch:
         return [1]
-    cands = [vector_elems * m for m in (1, 2)] if innermost else ([1, 4, 8] if many_dims else [4, 8, 16])
+    if innermost:
+        cands = [vector_elems * m for m in (1, 2)]
+    else:
+        cands = [1, 4, 8] if many_dims else [4, 6, 8, 16] if rows else [4, 8, 16]
     return [0, *[s for s in cands if s < extent]]
 
 
@@ -498,6 +512,7 @@ def build_space(graph: OpGraph, hardware: HardwareModel, shape_hints: dict[str, 
         parallel, reduction = op.parallel_dims, op.reduction_dims
         vec = max(1, vector_bytes // element_bytes(op.element_type))
         innermost = parallel[-1] if parallel else None
+        rows = [d for d in parallel if op.kind == "contraction" and d != innermost and d not in op.batch_dims]
         spec = GroupSpec(
             index=len(groups),
             anchor=anchor,
@@ -512,8 +527,10 @@ def build_space(graph: OpGraph, hardware: HardwareModel, shape_hints: dict[str, 
             iterator_types=list(op.iterator_types),
             outer_choices={d: outer_sizes(ranges[d], dynamic=op.loop_ranges[d] is None) for d in parallel if ranges[d] > 1},
             inner_choices={d: inner_sizes(ranges[d], vec, d == innermost, op.kind == "convolution",
-                                          batch=op.kind == "contraction" and d in op.batch_dims and d != innermost)
+                                          batch=op.kind == "contraction" and d in op.batch_dims and d != innermost,
+                                          rows=d in rows)
                            for d in parallel if ranges[d] > 1},
+            peeled=tuple(rows),
             reduction_choices={d: reduction_sizes(ranges[d]) for d in reduction if ranges[d] > 4},
             vector_limit_bytes=hardware.max_vector_tile_bytes,
             elem_bytes=element_bytes(op.element_type),
