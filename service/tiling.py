@@ -24,12 +24,12 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from sqlalchemy.orm import Session, sessionmaker
 
 from service.config import Settings
+from service.hardware.cost import COST_MODEL_VERSION
 from service.hardware.model import HardwareModel
 from service.hardware.profiles import get_profile, list_profiles
 from service.ir.mlir import provider_version
 from service.ir.sandbox import Sandbox, result_of
 from service.search.shapes import parse_shape_hints
-from service.hardware.cost import COST_MODEL_VERSION
 from service.search.space import SPACE_VERSION
 from service.store import repo
 from service.store.db import session_scope

@@ -66,8 +66,13 @@ _hardware: dict[str, HardwareModel] = {}
 _nest_costs: OrderedDict[tuple, dict] = OrderedDict()
 
 
+def _source_key(source: str) -> str:
+    """What a worker's caches know a module by."""
+    return hashlib.sha256(source.encode()).hexdigest()
+
+
 def _analysis(source: str):
-    key = hashlib.sha256(source.encode()).hexdigest()
+    key = _source_key(source)
     if key not in _analyses:
         _analyses[key] = analyze(source)
         if len(_analyses) > 8:
@@ -87,7 +92,7 @@ def _extract(source: str, scope: tuple[int, ...]):
     from service.ir.extract import NotExtractable, extract_ops
     from service.ir.graph import build_graph
 
-    key = (hashlib.sha256(source.encode()).hexdigest(), scope)
+    key = (_source_key(source), scope)
     if key not in _extracts:
         try:
             module = extract_ops(_analysis(source).tagged, set(scope))
@@ -118,7 +123,7 @@ def _kept_nest_costs(source: str, scope: list[int] | None, hardware_json: str, s
     hints; None on dynamic shapes (see NestMemo)."""
     if not graph.has_static_shapes():
         return None
-    key = (hashlib.sha256(source.encode()).hexdigest(), tuple(scope or ()), hardware_json, json.dumps(shape_hints or {}, sort_keys=True))
+    key = (_source_key(source), tuple(scope or ()), hardware_json, json.dumps(shape_hints or {}, sort_keys=True))
     if key not in _nest_costs:
         _nest_costs[key] = {}
         if len(_nest_costs) > 8:
