@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from .fingerprint import op_signature
 from .mlir import attribute_names, context, ir, linalg, transform_interpreter
 
 UID_ATTR = "ts.uid"
@@ -520,8 +521,6 @@ def _trace_producer(value: ir.Value) -> tuple[ir.Operation | None, int, tuple[st
 
 def build_graph(tagged: ir.Module | ir.OpView) -> OpGraph:
     """The op graph of a module tagged by `tag_tileable_ops`."""
-    from .fingerprint import op_signature  # local: fingerprint imports graph's attribute names
-
     with context():
         ops: dict[int, TileableOp] = {}
         handles: dict[int, ir.Operation] = {}

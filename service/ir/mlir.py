@@ -51,10 +51,10 @@ def trust_ir_when_printing() -> None:
     (the global option --mlir-print-assume-verified; valid IR prints the same either way).
 
     Upstream's fuse_into_containing_op prints the producer and the whole containing loop into a
-    diagnostic on every fusion, failed or not, and the printer verifies what it prints: on
-    mlp_chain that verification was 45% of applying a plan (4.0 -> 2.2 ms a plan). For the
-    search's evaluation workers, which verify every tiled clone themselves. LLVM's options can be
-    parsed once per process (IREE aborts on a second parse), hence the flag.
+    diagnostic on every fusion, failed or not, and the printer verifies what it prints: that
+    verification dominates the cost of applying a plan. For the search's evaluation workers,
+    which verify every tiled clone themselves. LLVM's options can be parsed once per process
+    (IREE aborts on a second parse), hence the flag.
     """
     global _printing_trusts_ir
     if _printing_trusts_ir:
