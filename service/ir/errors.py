@@ -86,3 +86,13 @@ class PlanError(IRError):
         where = f"group {self.group}: " if self.group is not None else ""
         extra = "".join(f"\n  {d}" for d in self.diagnostics)
         return f"{where}{self.reason}{extra}"
+
+
+@dataclass
+class NotAModelError(IRError):
+    """The text is not a whole model as IREE prints it for its dispatches."""
+
+    message: str
+
+    def __str__(self) -> str:
+        return self.message

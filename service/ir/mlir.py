@@ -14,12 +14,13 @@ import sys
 from pathlib import Path
 
 from iree.compiler import ir
-from iree.compiler.dialects import linalg
+from iree.compiler.dialects import func, linalg
 from iree.compiler.dialects.transform import interpreter as transform_interpreter
 from iree.compiler.passmanager import PassManager
 
 __all__ = [
     "ir",
+    "func",
     "linalg",
     "transform_interpreter",
     "PassManager",

@@ -1,0 +1,137 @@
+"""IREE's dispatches of a whole model, each as a plain module over tensors that the search takes.
+
+Input: what `iree-compile --compile-to=executable-sources` prints for the model: the host
+program (its `stream.cmd.dispatch` ops say which dispatch runs how often) and one
+`hal.executable` per unique dispatch, whose function reads its operands through
+`iree_tensor_ext.dispatch.tensor.load` and writes through `...tensor.store`. Each dispatch
+function is cloned into a module of its own and rewritten, with the bindings, into
+`func.func @name(tensor operands...) -> (stored tensors...)`: loads become arguments, stores
+become the returned values, and the binding plumbing left dead is erased. Its ops (the root and
+whatever IREE fused around it) are untouched, so the search sees exactly what IREE will compile.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+from .errors import NotAModelError
+from .mlir import attribute_names, context, func, ir
+from .parse import parse_module
+
+_LOAD = "iree_tensor_ext.dispatch.tensor.load"
+_STORE = "iree_tensor_ext.dispatch.tensor.store"
+_DISPATCH = "stream.cmd.dispatch"
+# Ops that only compute binding offsets or push constants: erased once nothing reads them.
+_PLUMBING_DIALECTS = ("hal.", "util.", "arith.", "iree_tensor_ext.")
+
+
+@dataclass(frozen=True)
+class Dispatch:
+    """One unique dispatch of the model."""
+
+    executable: str  # the hal.executable's symbol
+    entry: str  # the exported function's symbol (IREE names it after the root: ..._matmul_64x768x768_f32)
+    weight: int  # how many times one run of the model dispatches it
+    module: str | None  # the dispatch as a plain module over tensors, or None with `reason`
+    reason: str | None = None
+
+
+def _ops(block: ir.Block) -> list[ir.Operation]:
+    return [op.operation for op in block.operations]
+
+
+def _named(block: ir.Block, name: str) -> list[ir.Operation]:
+    return [op for op in _ops(block) if op.name == name]
+
+
+def dispatch_counts(program: ir.Module) -> Counter[str]:
+    """How often the host program dispatches each entry point (`@exe::@variant::@entry`)."""
+    counts: Counter[str] = Counter()
+
+    def visit(op: ir.Operation) -> ir.WalkResult:
+        if op.name == _DISPATCH:
+            for entry in ir.ArrayAttr(op.attributes["entry_points"]):
+                counts[str(ir.SymbolRefAttr(entry))] += 1
+        return ir.WalkResult.ADVANCE
+
+    program.operation.walk(visit)
+    return counts
+
+
+def _dispatch_function(executable: ir.Operation) -> ir.Operation | None:
+    for variant in _named(executable.regions[0].blocks[0], "hal.executable.variant"):
+        for inner in _named(variant.regions[0].blocks[0], "builtin.module"):
+            functions = _named(inner.regions[0].blocks[0], "func.func")
+            if len(functions) == 1:
+                return functions[0]
+    return None
+
+
+def _erase_dead_plumbing(block: ir.Block) -> None:
+    changed = True
+    while changed:
+        changed = False
+        for op in reversed(_ops(block)):
+            if (op.name.startswith(_PLUMBING_DIALECTS) and len(op.regions) == 0 and len(op.results) > 0
+                    and all(len(list(r.uses)) == 0 for r in op.results)):
+                op.erase()
+                changed = True
+
+
+def as_tensor_function(dispatch_function: ir.Operation) -> tuple[ir.Module, str | None]:
+    """A new module holding the dispatch function over tensors, and why it cannot be searched
+    (None when it can). Runs inside the process's context."""
+    module = ir.Module.create()
+    with ir.InsertionPoint(module.body):
+        clone = dispatch_function.clone()
+    block = clone.regions[0].blocks[0]
+    stored: list[ir.Value] = []
+    for op in _ops(block):
+        if op.name == _LOAD:
+            argument = block.add_argument(op.results[0].type, op.location)
+            op.results[0].replace_all_uses_with(argument)
+            op.erase()
+        elif op.name == _STORE:
+            stored.append(op.operands[0])
+            op.erase()
+    for op in _named(block, "func.return"):
+        with ir.InsertionPoint(op), op.location:
+            func.ReturnOp(stored)
+        op.erase()
+    _erase_dead_plumbing(block)
+    clone.attributes["function_type"] = ir.TypeAttr.get(
+        ir.FunctionType.get([a.type for a in block.arguments], [v.type for v in stored]))
+    for name in [n for n in attribute_names(clone) if n not in ("sym_name", "function_type")]:
+        del clone.attributes[name]
+    left = sorted({op.name for op in _ops(block) if op.name.startswith(("hal.", "iree_tensor_ext."))})
+    if left:
+        return module, f"dynamic: the dispatch reads sizes or offsets at run time ({', '.join(left)})"
+    if not stored:
+        return module, "writes no tensor"
+    if not module.operation.verify():
+        return module, "the dispatch over tensors does not verify"
+    return module, None
+
+
+def dispatches_of(executable_sources: str) -> list[Dispatch]:
+    """Every unique dispatch of a model, weighted by how often the model runs it."""
+    program = parse_module(executable_sources)
+    with context(), ir.Location.unknown():
+        counts = dispatch_counts(program)
+        executables = _named(program.body, "hal.executable")
+        if not executables:
+            raise NotAModelError("no hal.executable in the input: expected the output of "
+                                 "`iree-compile --compile-to=executable-sources` for a model")
+        out = []
+        for executable in executables:
+            name = ir.StringAttr(executable.attributes["sym_name"]).value
+            function = _dispatch_function(executable)
+            if function is None:
+                out.append(Dispatch(name, name, 0, None, "not one function in one variant"))
+                continue
+            entry = ir.StringAttr(function.attributes["sym_name"]).value
+            weight = sum(n for ref, n in counts.items() if ref.startswith(f"@{name}::") and ref.endswith(f"::@{entry}"))
+            module, reason = as_tensor_function(function)
+            out.append(Dispatch(name, entry, weight, str(module), reason))
+        return out

@@ -1,0 +1,112 @@
+"""IREE tuning specs: the transform-dialect module `iree-compile --iree-codegen-tuning-spec-path`
+applies to every dispatch root it matches.
+
+The form is IREE's own (its docs' reference/tuning.md and its tests' tuning_spec_*.mlir): a
+module with `transform.with_named_sequence` and `iree_codegen.tuning_spec_with_default_entrypoint`
+whose `@__kernel_config` (attribute `iree_codegen.tuning_spec_entrypoint`) runs one
+`transform.foreach_match` from one matcher per tuned root to `@apply_op_config`, which annotates
+the op with the `compilation_info` the matcher yields. A contraction matcher names the operand
+element types, the indexing maps and every dim size (`transform.iree.match.contraction` +
+`dims_equal`), so it matches the op it was tuned for and nothing else of another shape or layout.
+The text is parsed back with MLIR before it is returned: a spec that does not parse is our bug.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from service.ir.mlir import context, ir
+
+
+@dataclass(frozen=True)
+class ContractionDims:
+    """IREE's contraction dims of an op: loop dims by the operands that index them."""
+
+    batch: tuple[int, ...]
+    m: tuple[int, ...]
+    n: tuple[int, ...]
+    k: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class ContractionMatcher:
+    """Everything a matcher checks of one contraction root, and the config it applies."""
+
+    name: str  # symbol-safe, unique in the spec
+    lhs_type: str
+    rhs_type: str
+    output_type: str
+    indexing_maps: tuple[str, ...]  # affine_map<...> text, lhs, rhs, output
+    sizes: ContractionDims  # the loop extents of each dim group, in IREE's order
+    compilation_info: str  # #iree_codegen.compilation_info<...> text
+
+
+def affine_map_attribute(map_text: str) -> str:
+    """`affine_map<...>` text for a map given bare (`(d0, d1) -> (d0)`) or as an attribute."""
+    return map_text if map_text.startswith("affine_map<") else f"affine_map<{map_text}>"
+
+
+def _map_dims(map_text: str) -> set[int]:
+    affine = ir.AffineMapAttr(ir.Attribute.parse(affine_map_attribute(map_text))).value
+    return {e.position for e in affine.results if isinstance(e, ir.AffineDimExpr)}
+
+
+def contraction_dims(indexing_maps: list[str], n_loops: int) -> ContractionDims:
+    """batch: in lhs, rhs and output; m: lhs and output; n: rhs and output; k: lhs and rhs (as
+    IREE infers them: `linalg::inferContractionDims`)."""
+    with context():
+        lhs, rhs, out = (_map_dims(m) for m in indexing_maps[:3])
+    dims = range(n_loops)
+    return ContractionDims(
+        batch=tuple(d for d in dims if d in lhs and d in rhs and d in out),
+        m=tuple(d for d in dims if d in lhs and d in out and d not in rhs),
+        n=tuple(d for d in dims if d in rhs and d in out and d not in lhs),
+        k=tuple(d for d in dims if d in lhs and d in rhs and d not in out),
+    )
+
+
+def _sizes(values: tuple[int, ...]) -> str:
+    return "[" + ", ".join(str(v) for v in values) + "]"
+
+
+def _matcher(m: ContractionMatcher) -> str:
+    maps = ", ".join(affine_map_attribute(t) for t in m.indexing_maps)
+    return f"""
+  transform.named_sequence @match_{m.name}(%op: !transform.any_op {{transform.readonly}}) -> (!transform.any_op, !transform.any_param) {{
+    %batch, %m, %n, %k = transform.iree.match.contraction %op, lhs_type = {m.lhs_type}, rhs_type = {m.rhs_type}, output_type = {m.output_type}, indexing_maps = [{maps}] : !transform.any_op -> !transform.param<i64>
+    transform.iree.match.dims_equal %batch, {_sizes(m.sizes.batch)} : !transform.param<i64>
+    transform.iree.match.dims_equal %m, {_sizes(m.sizes.m)} : !transform.param<i64>
+    transform.iree.match.dims_equal %n, {_sizes(m.sizes.n)} : !transform.param<i64>
+    transform.iree.match.dims_equal %k, {_sizes(m.sizes.k)} : !transform.param<i64>
+    %config = transform.param.constant {m.compilation_info} -> !transform.any_param
+    transform.yield %op, %config : !transform.any_op, !transform.any_param
+  }}"""
+
+
+def tuning_spec(matchers: list[ContractionMatcher]) -> str:
+    """The spec module's text, as MLIR prints it after parsing it."""
+    if not matchers:
+        raise ValueError("a tuning spec with no matcher: IREE requires its entry point to be one foreach_match")
+    names = [m.name for m in matchers]
+    if len(set(names)) != len(names):
+        raise ValueError(f"matcher names must be unique: {names}")
+    cases = ",".join(f"\n        @match_{m.name} -> @apply_op_config" for m in matchers)
+    body = "".join(_matcher(m) for m in matchers)
+    entry = f"""
+    %updated = transform.foreach_match in %root{cases}
+        : (!transform.any_op) -> !transform.any_op
+    transform.yield %updated : !transform.any_op"""
+    text = f"""module attributes {{iree_codegen.tuning_spec_with_default_entrypoint, transform.with_named_sequence}} {{
+  transform.named_sequence @apply_op_config(%op: !transform.any_op {{transform.readonly}}, %config: !transform.any_param {{transform.readonly}}) {{
+    transform.annotate %op "compilation_info" = %config : !transform.any_op, !transform.any_param
+    transform.yield
+  }}{body}
+  transform.named_sequence @__kernel_config(%root: !transform.any_op {{transform.consumed}}) -> !transform.any_op attributes {{iree_codegen.tuning_spec_entrypoint}} {{{entry}
+  }}
+}}
+"""
+    with context():
+        try:
+            return str(ir.Module.parse(text))
+        except ir.MLIRError as err:
+            raise RuntimeError(f"the tuning spec tilesearch wrote does not parse (a tilesearch bug): {err}\n{text}") from None

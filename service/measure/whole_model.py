@@ -1,0 +1,187 @@
+"""A whole model through IREE on this CPU: its dispatches, its compiled configurations, its time.
+
+IREE itself forms the dispatches (`--compile-to=executable-sources`), so what is tuned is what
+IREE will compile. A tuning spec reaches the model through
+`--iree-codegen-tuning-spec-path`, and `--iree-hal-dump-executable-configurations-to` shows what
+each dispatch's ops were given: both builds of a model are read back with MLIR to prove a spec
+was applied, and timed in interleaved rounds with iree-benchmark-module.
+"""
+
+from __future__ import annotations
+
+import statistics
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from service.ir.mlir import context, ir, tool_path
+
+from .iree import (
+    _COMPILE_FLAGS,
+    ArgumentSpec,
+    ToolFailure,
+    benchmark_module,
+    first_error_line,
+    write_inputs,
+)
+
+_STRUCTURED_PREFIX = "linalg."
+
+
+def _run_compile(args: list[str], timeout_s: float) -> None:
+    try:
+        proc = subprocess.run([tool_path("iree-compile"), *args], capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        raise ToolFailure(f"iree-compile timed out after {timeout_s:g} s") from None
+    if proc.returncode != 0:
+        raise ToolFailure(first_error_line(proc.stderr))
+
+
+def executable_sources(model: Path, out: Path, timeout_s: float = 300.0) -> str:
+    """The model's host program and one hal.executable per unique dispatch, as IREE forms them
+    for this CPU (any input IREE takes: linalg, torch, ...)."""
+    _run_compile([str(model), *_COMPILE_FLAGS, "--compile-to=executable-sources", "-o", str(out)], timeout_s)
+    return out.read_text()
+
+
+def input_program(model: Path, out: Path, timeout_s: float = 300.0) -> str:
+    """The model lowered to IREE's input form (linalg on tensors behind `hal.tensor.import`)."""
+    _run_compile([str(model), "--compile-to=input", "-o", str(out)], timeout_s)
+    return out.read_text()
+
+
+def compile_model(model: Path, vmfb: Path, configs_dir: Path, spec: Path | None = None,
+                  timeout_s: float = 600.0) -> None:
+    args = [str(model), *_COMPILE_FLAGS, f"--iree-hal-dump-executable-configurations-to={configs_dir}", "-o", str(vmfb)]
+    if spec is not None:
+        args.append(f"--iree-codegen-tuning-spec-path={spec}")
+    _run_compile(args, timeout_s)
+
+
+def _walk(op: ir.Operation, keep) -> list[ir.Operation]:
+    found = []
+
+    def visit(o: ir.Operation) -> ir.WalkResult:
+        if keep(o):
+            found.append(o)
+        return ir.WalkResult.ADVANCE
+
+    op.walk(visit)
+    return found
+
+
+@dataclass(frozen=True)
+class DispatchConfig:
+    """The structured ops of one dispatch function in program order, with the lowering config
+    IREE gave each (printed by MLIR; None where it gave none)."""
+
+    entry: str
+    ops: tuple[tuple[str, str | None], ...]
+
+
+def dispatch_configs(configs_dir: Path) -> dict[str, DispatchConfig]:
+    """Per dispatch function (by symbol), what IREE's configuration dumps say it compiled."""
+    out: dict[str, DispatchConfig] = {}
+    with context():
+        for path in sorted(configs_dir.glob("*.mlir")):
+            module = ir.Module.parse(path.read_text())
+            for function in _walk(module.operation, lambda o: o.name == "func.func"):
+                entry = ir.StringAttr(function.attributes["sym_name"]).value
+                ops = tuple(
+                    (o.name, str(o.attributes["lowering_config"]) if "lowering_config" in o.attributes else None)
+                    for o in _walk(function, lambda o: o.name.startswith(_STRUCTURED_PREFIX) and o.name != "linalg.yield")
+                )
+                out[entry] = DispatchConfig(entry, ops)
+    return out
+
+
+def canonical_attribute(text: str) -> str:
+    """An attribute as MLIR prints it, to compare with what IREE's dumps print."""
+    with context():
+        return str(ir.Attribute.parse(text))
+
+
+def _symbol(op: ir.Operation) -> str:
+    return ir.StringAttr(op.attributes["sym_name"]).value
+
+
+def model_arguments(input_text: str, function: str = "main") -> list[ArgumentSpec]:
+    """The tensors `function` takes, in order: its tensor arguments, or, behind IREE's ABI
+    (`@main` calling `@main$async` on buffer views), the types its `hal.tensor.import`s give them."""
+    with context():
+        module = ir.Module.parse(input_text)
+        functions = {_symbol(f): f for f in _walk(module.operation, lambda o: o.name in ("util.func", "func.func"))}
+        for name in (f"{function}$async", function):
+            if name not in functions:
+                continue
+            body = functions[name].regions[0].blocks[0]
+            imports = _walk(functions[name], lambda o: o.name == "hal.tensor.import")
+            if imports:
+                index = {a: i for i, a in enumerate(body.arguments)}
+                by_argument = {index[o.operands[0]]: o.results[0].type for o in imports if o.operands[0] in index}
+                types = [by_argument[i] for i in sorted(by_argument)]
+            else:
+                types = [a.type for a in body.arguments]
+            return [_static_tensor(t, i, function) for i, t in enumerate(types)]
+        raise ToolFailure(f"the model has no function @{function}")
+
+
+def _static_tensor(t: ir.Type, i: int, function: str) -> ArgumentSpec:
+    t = t.maybe_downcast() if hasattr(t, "maybe_downcast") else t
+    if not isinstance(t, ir.RankedTensorType) or not t.has_static_shape:
+        raise ToolFailure(f"argument {i} of @{function} is {t}, not a static tensor: export the model with static shapes")
+    return ArgumentSpec(tuple(t.shape), str(t.element_type))
+
+
+@dataclass
+class ModelTiming:
+    default_s: list[float] = field(default_factory=list)
+    tuned_s: list[float] = field(default_factory=list)
+
+    @property
+    def speedup(self) -> float:
+        return statistics.median(self.default_s) / statistics.median(self.tuned_s)
+
+
+def time_models(default_vmfb: Path, tuned_vmfb: Path, input_flags: list[str], *, function: str = "main",
+                rounds: int = 5, repetitions: int = 3, min_time_s: float = 0.2, timeout_s: float = 300.0) -> ModelTiming:
+    """Wall time per call of both builds, in alternating rounds (A B A B ...) so that load from
+    other processes hits both alike."""
+    timing = ModelTiming()
+    for _ in range(rounds):
+        for vmfb, samples in ((default_vmfb, timing.default_s), (tuned_vmfb, timing.tuned_s)):
+            got = benchmark_module(vmfb, function, input_flags, repetitions=repetitions,
+                                   min_time_s=min_time_s, timeout_s=timeout_s)
+            samples.extend(got.real_s)
+    return timing
+
+
+def run_outputs(vmfb: Path, input_flags: list[str], out_dir: Path, n_outputs: int, function: str = "main",
+                timeout_s: float = 300.0) -> list[Path]:
+    """Run the model once with iree-run-module, writing each output to a .npy file."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    outputs = [out_dir / f"out{i}.npy" for i in range(n_outputs)]
+    cmd = [tool_path("iree-run-module"), f"--module={vmfb}", "--device=local-task", f"--function={function}",
+           *input_flags, *(f"--output=@{p}" for p in outputs)]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        raise ToolFailure(f"iree-run-module timed out after {timeout_s:g} s") from None
+    if proc.returncode != 0:
+        raise ToolFailure(first_error_line(proc.stderr or proc.stdout))
+    return outputs
+
+
+__all__ = [
+    "DispatchConfig",
+    "ModelTiming",
+    "canonical_attribute",
+    "compile_model",
+    "dispatch_configs",
+    "executable_sources",
+    "input_program",
+    "model_arguments",
+    "run_outputs",
+    "time_models",
+    "write_inputs",
+]

@@ -1,0 +1,292 @@
+"""Tune a whole model: every dispatch IREE forms, searched where the model's time is, merged into
+one tuning spec that IREE is shown to apply.
+
+1. IREE forms the dispatches (`service.measure.whole_model.executable_sources`); each becomes a
+   plain module over tensors (`service.ir.dispatch`), weighted by how often the model runs it.
+2. A dispatch is tuned when its root is a contraction (IREE's CPU backend takes a forced
+   `compilation_info` there); every other dispatch is left to IREE with the reason.
+3. The search budget is spread by the gradient task scheduler (`service.search.task_scheduler`):
+   each slice is one more `tune` of one dispatch, warm-started from its best plan so far.
+4. The best plan's root group becomes a `compilation_info`, and the dispatch's root a contraction
+   matcher (`service.measure.tuning_spec`). Roots that two dispatches share get one matcher.
+5. The model is compiled with and without the spec, and IREE's configuration dumps must show
+   every tuned root with the spec's config and every other dispatch as IREE's default had it.
+"""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+
+from service.hardware.model import HardwareModel
+from service.ir.analysis import analyze
+from service.ir.dispatch import Dispatch, dispatches_of
+from service.ir.errors import IRError
+from service.ir.graph import OpGraph, TileableOp
+from service.measure.iree import (
+    ToolFailure,
+    compilation_info_text,
+    host_translation_info,
+    lowering_config_from_levels,
+    lowering_config_text,
+    write_inputs,
+)
+from service.measure.tuning_spec import ContractionDims, ContractionMatcher, contraction_dims, tuning_spec
+from service.measure.whole_model import (
+    canonical_attribute,
+    compile_model,
+    dispatch_configs,
+    executable_sources,
+    input_program,
+    model_arguments,
+    time_models,
+)
+from service.search.engine import tune
+from service.search.task_scheduler import TaskState, schedule
+
+ProgressFn = Callable[[str, int, int], None]  # (dispatch name, slices done, slices in all)
+_SLICE = 32  # evaluations per scheduler slice
+_CONVOLUTION_REASON = ("convolution: IREE's CPU backend drops a forced compilation_info on "
+                       "linalg.conv_* ops, so its own config is kept")
+
+
+class ModelInputError(Exception):
+    """The input is not a model IREE can form dispatches for; the message says what to fix."""
+
+
+class SpecNotApplied(Exception):
+    """IREE did not give a dispatch the config the spec carries: the spec must not ship."""
+
+
+class DispatchReport(BaseModel):
+    name: str = Field(description="IREE's function name of the dispatch (names its root: ..._matmul_64x768x768_f32)")
+    fingerprint: str | None = Field(description="structural hash of the dispatch's ops")
+    weight: int = Field(description="times one run of the model dispatches it")
+    root_op: str | None
+    tuned: bool
+    reason: str | None = Field(description="why it was left to IREE, or a note on its tuning")
+    predicted_s: float | None = Field(description="predicted seconds per call of the dispatch")
+    config: str | None = Field(description="the compilation_info the spec gives its root")
+    iree_default: str | None = Field(default=None, description="the lowering_config IREE's default gave its root")
+    evaluations: int = 0
+
+
+class ModelTuneReport(BaseModel):
+    model: str
+    hardware: str
+    dispatches: list[DispatchReport]
+    spec: str | None = Field(description="path of the tuning spec written (None: nothing was tuned)")
+    predicted_total_s: float = Field(description="sum over tuned dispatches of weight x predicted seconds")
+    verified: bool = Field(description="IREE applied the spec's config to every tuned root and nothing else")
+    elapsed_s: float
+
+    def summary(self) -> dict:
+        return {"dispatches": [d.model_dump(include={"name", "fingerprint", "weight", "root_op", "tuned", "reason",
+                                                     "predicted_s", "config"}) for d in self.dispatches],
+                "spec": self.spec, "predicted_total_s": self.predicted_total_s, "verified": self.verified}
+
+
+class _Candidate:
+    """A dispatch the search takes: its module, graph and contraction root."""
+
+    def __init__(self, dispatch: Dispatch, graph: OpGraph, root: TileableOp, fingerprint: str) -> None:
+        self.dispatch = dispatch
+        self.graph = graph
+        self.root = root
+        self.fingerprint = fingerprint
+        self.plan: dict | None = None
+        self.latency_s: float | None = None
+        self.evaluations = 0
+
+
+def _classify(dispatch: Dispatch) -> tuple[_Candidate | None, DispatchReport]:
+    report = DispatchReport(name=dispatch.entry, fingerprint=None, weight=dispatch.weight, root_op=None, tuned=False,
+                            reason=dispatch.reason, predicted_s=None, config=None)
+    if dispatch.reason is not None or dispatch.module is None:
+        return None, report
+    try:
+        analysis = analyze(dispatch.module)
+    except IRError as err:
+        report.reason = f"its ops do not parse on their own: {err}"
+        return None, report
+    graph = analysis.graph
+    report.fingerprint = analysis.fingerprint
+    kinds = {op.kind for op in graph.ops.values()}
+    contractions = [op for op in graph.ops.values() if op.kind == "contraction"]
+    if "convolution" in kinds:
+        conv = next(op for op in graph.ops.values() if op.kind == "convolution")
+        report.root_op, report.reason = conv.name, _CONVOLUTION_REASON
+        return None, report
+    if len(contractions) != 1:
+        named = sorted(kinds) or ["no structured op"]
+        report.reason = (f"{len(contractions)} contractions: tilesearch forces configs on single-contraction dispatches"
+                         if contractions else f"no contraction root ({', '.join(named)}): tilesearch configures "
+                         "contractions only; IREE's own config is kept")
+        return None, report
+    root = contractions[0]
+    report.root_op = root.name
+    if not graph.has_static_shapes():
+        report.reason = "dynamic shapes"
+        return None, report
+    return _Candidate(dispatch, graph, root, analysis.fingerprint), report
+
+
+def _root_group(candidate: _Candidate) -> dict | None:
+    for group in (candidate.plan or {}).get("groups", []):
+        if group["anchor"] == candidate.root.uid:
+            return group
+    return None
+
+
+def _matcher(candidate: _Candidate, name: str, translation_info: str | None) -> tuple[ContractionMatcher, str] | None:
+    group = _root_group(candidate)
+    if group is None or len(group["levels"]) > 3:
+        return None
+    root = candidate.root
+    config = lowering_config_from_levels(group["levels"], root.iterator_types, anchor=root.name)
+    dims = contraction_dims(root.indexing_maps or [], len(root.loop_ranges))
+    extent = lambda ds: tuple(int(root.loop_ranges[d]) for d in ds)  # noqa: E731
+    sizes = ContractionDims(extent(dims.batch), extent(dims.m), extent(dims.n), extent(dims.k))
+    types = root.operand_element_types
+    matcher = ContractionMatcher(
+        name=name, lhs_type=types[0], rhs_type=types[1], output_type=types[-1],
+        indexing_maps=tuple(root.indexing_maps or []), sizes=sizes,
+        compilation_info=compilation_info_text(config, translation_info),
+    )
+    return matcher, lowering_config_text(config)
+
+
+def _structured_index(candidate: _Candidate) -> int:
+    """The root's position among the dispatch function's linalg ops (the dumps list them so)."""
+    return sum(1 for op in candidate.graph.ops.values() if op.uid < candidate.root.uid and op.name.startswith("linalg."))
+
+
+def _search(candidates: list[_Candidate], hardware: HardwareModel, budget: int, seconds: float | None,
+            seed: int, progress: ProgressFn | None) -> None:
+    tasks = [TaskState(c.dispatch.entry, float(c.dispatch.weight)) for c in candidates]
+    slices = max(len(candidates), budget // _SLICE)
+    deadline = time.monotonic() + seconds if seconds else None
+
+    def run_slice(i: int, n: int) -> float | None:
+        c = candidates[i]
+        warm = [c.plan] if c.plan and c.plan.get("groups") else None
+        left = None if deadline is None else max(0.5, deadline - time.monotonic())
+        result = tune(c.dispatch.module, hardware, budget=_SLICE, seconds=left, seed=seed + n,
+                      warm_start_plans=warm, workers=1, keep_pool=True)
+        c.evaluations += result.evaluations
+        latency = result.predicted.get("latency_s") if result.feasible else None
+        if latency is not None and (c.latency_s is None or latency < c.latency_s):
+            c.latency_s, c.plan = latency, result.plan
+        if progress is not None:
+            progress(c.dispatch.entry, sum(t.slices for t in tasks) + 1, slices)
+        return c.latency_s
+
+    stop = (lambda: time.monotonic() > deadline) if deadline else (lambda: False)
+    schedule(tasks, slices, run_slice, stop)
+
+
+def _verify(model: Path, spec_path: Path, tuned: dict[str, tuple[_Candidate, str]], reports: list[DispatchReport],
+            workdir: Path) -> list[str]:
+    """Compile with and without the spec; the problems found (empty: the spec did what it says)."""
+    compile_model(model, workdir / "default.vmfb", workdir / "default_configs")
+    compile_model(model, workdir / "tuned.vmfb", workdir / "tuned_configs", spec=spec_path)
+    default = dispatch_configs(workdir / "default_configs")
+    with_spec = dispatch_configs(workdir / "tuned_configs")
+    problems = []
+    for report in reports:
+        got = with_spec.get(report.name)
+        before = default.get(report.name)
+        if report.name in tuned:
+            candidate, wanted = tuned[report.name]
+            index = _structured_index(candidate)
+            if before is not None and index < len(before.ops):
+                report.iree_default = before.ops[index][1]
+            if got is None or index >= len(got.ops) or got.ops[index][1] != canonical_attribute(wanted):
+                shown = got.ops[index][1] if got is not None and index < len(got.ops) else "nothing"
+                problems.append(f"{report.name}: IREE gave its root {shown}, the spec says {wanted}")
+        elif got != before:
+            problems.append(f"{report.name}: left to IREE, yet the spec changed its configuration")
+    return problems
+
+
+def tune_model(model: Path, hardware: HardwareModel, spec_out: Path, *, budget: int | None = None,
+               seconds: float | None = None, seed: int = 0, verify: bool = True,
+               progress: ProgressFn | None = None) -> ModelTuneReport:
+    """Tune every dispatch of `model` IREE forms for this CPU and write one tuning spec."""
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="tilesearch-model-") as tmp:
+        workdir = Path(tmp)
+        try:
+            sources = executable_sources(model, workdir / "sources.mlir")
+        except ToolFailure as failure:
+            raise ModelInputError(f"IREE cannot compile {model.name}: {failure.line}") from None
+        dispatches = dispatches_of(sources)
+        classified = [_classify(d) for d in dispatches]
+        candidates = [c for c, _ in classified if c is not None]
+        reports = [r for _, r in classified]
+        total = budget if budget is not None else 64 * max(1, len(candidates))
+        if candidates:
+            _search(candidates, hardware, total, seconds, seed, progress)
+        translation = host_translation_info() if hardware.name == "host-cpu" else None
+        matchers: dict[tuple, tuple[ContractionMatcher, str]] = {}
+        tuned: dict[str, tuple[_Candidate, str]] = {}
+        by_name = {r.name: r for r in reports}
+        ranked = sorted(candidates, key=lambda c: -(c.dispatch.weight * (c.latency_s or 0.0)))
+        for c in ranked:
+            report = by_name[c.dispatch.entry]
+            report.evaluations, report.predicted_s = c.evaluations, c.latency_s
+            built = _matcher(c, f"dispatch_{len(matchers)}", translation)
+            if built is None:
+                report.reason = "the best plan found leaves the root untiled: IREE's own config is kept"
+                continue
+            matcher, config_text = built
+            key = (matcher.lhs_type, matcher.rhs_type, matcher.output_type, matcher.indexing_maps, matcher.sizes)
+            if key in matchers:
+                matcher, config_text = matchers[key]
+                report.reason = f"same root as a heavier dispatch: gets its config ({matcher.name})"
+            else:
+                matchers[key] = (matcher, config_text)
+            report.tuned, report.config = True, matcher.compilation_info
+            tuned[c.dispatch.entry] = (c, config_text)
+        if matchers:
+            spec_out.write_text(tuning_spec([m for m, _ in matchers.values()]))
+        problems = _verify(model, spec_out, tuned, reports, workdir) if verify and tuned else []
+        if problems:
+            raise SpecNotApplied("the tuning spec was not applied as written:\n  " + "\n  ".join(problems))
+    predicted = sum(r.weight * (r.predicted_s or 0.0) for r in reports if r.tuned)
+    return ModelTuneReport(model=str(model), hardware=hardware.name, dispatches=reports,
+                           spec=str(spec_out) if matchers else None,
+                           predicted_total_s=predicted, verified=verify and bool(tuned) and not problems,
+                           elapsed_s=time.perf_counter() - t0)
+
+
+class ModelBenchmark(BaseModel):
+    model: str
+    spec: str
+    default_median_s: float
+    tuned_median_s: float
+    speedup: float
+    default_samples_s: list[float]
+    tuned_samples_s: list[float]
+
+
+def bench_model(model: Path, spec: Path, *, rounds: int = 5, function: str = "main") -> ModelBenchmark:
+    """Whole-model wall time with and without the spec, interleaved rounds on this CPU."""
+    with tempfile.TemporaryDirectory(prefix="tilesearch-bench-") as tmp:
+        workdir = Path(tmp)
+        try:
+            arguments = model_arguments(input_program(model, workdir / "input.mlir"), function)
+            compile_model(model, workdir / "default.vmfb", workdir / "default_configs")
+            compile_model(model, workdir / "tuned.vmfb", workdir / "tuned_configs", spec=spec)
+        except ToolFailure as failure:
+            raise ModelInputError(f"IREE cannot compile {model.name}: {failure.line}") from None
+        flags = write_inputs(arguments, workdir)
+        timing = time_models(workdir / "default.vmfb", workdir / "tuned.vmfb", flags, function=function, rounds=rounds)
+    return ModelBenchmark(model=str(model), spec=str(spec), default_median_s=statistics.median(timing.default_s),
+                          tuned_median_s=statistics.median(timing.tuned_s), speedup=timing.speedup,
+                          default_samples_s=timing.default_s, tuned_samples_s=timing.tuned_s)

@@ -1,0 +1,133 @@
+"""A whole model's dispatches as IREE forms them (real iree-compile), and the spec's pieces."""
+
+from pathlib import Path
+
+import pytest
+
+from _shared import SHARED
+
+from service.ir.analysis import analyze
+from service.ir.dispatch import dispatches_of
+from service.ir.errors import NotAModelError
+from service.measure.tuning_spec import ContractionDims, ContractionMatcher, contraction_dims, tuning_spec
+from service.measure.whole_model import executable_sources, input_program, model_arguments
+
+MODELS = SHARED / "models"
+
+RELU = """linalg.generic {indexing_maps = [affine_map<(d0, d1) -> (d0, d1)>, affine_map<(d0, d1) -> (d0, d1)>],
+      iterator_types = ["parallel", "parallel"]} ins(%IN : tensor<16x64xf32>) outs(%e : tensor<16x64xf32>) {
+  ^bb0(%in: f32, %out: f32):
+    %m = arith.maximumf %in, %zero : f32
+    linalg.yield %m : f32
+  } -> tensor<16x64xf32>"""
+
+# Two identical layers (matmul + relu): IREE forms one dispatch and runs it twice.
+REPEATED_LAYER = f"""
+func.func @main(%x: tensor<16x64xf32>, %w1: tensor<64x64xf32>, %w2: tensor<64x64xf32>) -> tensor<16x64xf32> {{
+  %zero = arith.constant 0.0 : f32
+  %e = tensor.empty() : tensor<16x64xf32>
+  %f = linalg.fill ins(%zero : f32) outs(%e : tensor<16x64xf32>) -> tensor<16x64xf32>
+  %a = linalg.matmul ins(%x, %w1 : tensor<16x64xf32>, tensor<64x64xf32>) outs(%f : tensor<16x64xf32>) -> tensor<16x64xf32>
+  %r = {RELU.replace('%IN', '%a')}
+  %b = linalg.matmul ins(%r, %w2 : tensor<16x64xf32>, tensor<64x64xf32>) outs(%f : tensor<16x64xf32>) -> tensor<16x64xf32>
+  %s = {RELU.replace('%IN', '%b')}
+  return %s : tensor<16x64xf32>
+}}"""
+
+DYNAMIC = """
+func.func @main(%x: tensor<?x64xf32>, %w: tensor<64x64xf32>) -> tensor<?x64xf32> {
+  %zero = arith.constant 0.0 : f32
+  %c0 = arith.constant 0 : index
+  %d = tensor.dim %x, %c0 : tensor<?x64xf32>
+  %e = tensor.empty(%d) : tensor<?x64xf32>
+  %f = linalg.fill ins(%zero : f32) outs(%e : tensor<?x64xf32>) -> tensor<?x64xf32>
+  %a = linalg.matmul ins(%x, %w : tensor<?x64xf32>, tensor<64x64xf32>) outs(%f : tensor<?x64xf32>) -> tensor<?x64xf32>
+  return %a : tensor<?x64xf32>
+}"""
+
+MATMUL_MAPS = ("affine_map<(d0, d1, d2) -> (d0, d2)>", "affine_map<(d0, d1, d2) -> (d2, d1)>",
+               "affine_map<(d0, d1, d2) -> (d0, d1)>")
+
+
+def _dispatches(tmp_path: Path, text: str):
+    model = tmp_path / "model.mlir"
+    model.write_text(text)
+    return dispatches_of(executable_sources(model, tmp_path / "sources.mlir"))
+
+
+@pytest.mark.slow
+def test_a_repeated_layer_is_one_dispatch_run_twice(tmp_path):
+    (d,) = _dispatches(tmp_path, REPEATED_LAYER)
+    assert d.weight == 2 and d.reason is None
+    graph = analyze(d.module).graph
+    assert sorted(op.kind for op in graph.ops.values()) == ["contraction", "elementwise", "fill"]
+    assert "iree_tensor_ext" not in d.module and "hal." not in d.module
+
+
+@pytest.mark.slow
+def test_a_shared_model_gives_every_dispatch_as_a_module_of_its_own(tmp_path):
+    dispatches = dispatches_of(executable_sources(MODELS / "gpt2_block_s64.linalg.mlir", tmp_path / "s.mlir"))
+    assert len(dispatches) == 14
+    assert sum(d.weight for d in dispatches) == 17  # two LayerNorms and a head split run twice
+    for d in dispatches:
+        assert d.reason is None, d
+        analyze(d.module)
+    qkv = next(d for d in dispatches if d.entry.endswith("matmul_64x2304x768_f32"))
+    (contraction,) = [op for op in analyze(qkv.module).graph.ops.values() if op.kind == "contraction"]
+    assert contraction.loop_ranges == [64, 2304, 768]
+
+
+@pytest.mark.slow
+def test_a_dynamic_dispatch_says_why_it_is_not_searched(tmp_path):
+    (d,) = _dispatches(tmp_path, DYNAMIC)
+    assert d.reason is not None and d.reason.startswith("dynamic")
+
+
+def test_text_that_is_not_a_model_is_refused():
+    with pytest.raises(NotAModelError, match="executable-sources"):
+        dispatches_of("func.func @f() { return }")
+
+
+@pytest.mark.slow
+def test_model_arguments_read_through_ireees_abi(tmp_path):
+    text = input_program(MODELS / "mlp_512_2048_b16.torch.mlir", tmp_path / "input.mlir")
+    shapes = [a.shape for a in model_arguments(text)]
+    assert shapes == [(16, 512), (2048, 512), (2048,), (512, 2048), (512,)]
+
+
+@pytest.mark.parametrize("maps, expected", [
+    (MATMUL_MAPS, ContractionDims((), (0,), (1,), (2,))),
+    (("(d0, d1, d2) -> (d0, d2)", "(d0, d1, d2) -> (d1, d2)", "(d0, d1, d2) -> (d0, d1)"), ContractionDims((), (0,), (1,), (2,))),
+    (("(d0, d1, d2, d3) -> (d0, d1, d3)", "(d0, d1, d2, d3) -> (d0, d3, d2)", "(d0, d1, d2, d3) -> (d0, d1, d2)"),
+     ContractionDims((0,), (1,), (2,), (3,))),
+])
+def test_contraction_dims_as_iree_infers_them(maps, expected):
+    assert contraction_dims(list(maps), len(expected.batch + expected.m + expected.n + expected.k)) == expected
+
+
+CONFIG = ("#iree_codegen.compilation_info<lowering_config = #iree_cpu.lowering_config<distribution = [16, 64, 0], "
+          "vector_common_parallel = [8, 32, 0], vector_reduction = [0, 0, 16]>, translation_info = "
+          "#iree_codegen.translation_info<pipeline = #iree_cpu.pipeline<DoubleTilingExpert>>>")
+
+
+def _matcher(name: str, m: int) -> ContractionMatcher:
+    return ContractionMatcher(name, "f32", "f32", "f32", MATMUL_MAPS, ContractionDims((), (m,), (64,), (64,)), CONFIG)
+
+
+def test_a_spec_has_one_matcher_per_root_and_parses():
+    spec = tuning_spec([_matcher("a", 16), _matcher("b", 32)])
+    assert spec.count("transform.iree.match.contraction") == 2
+    assert "@match_a -> @apply_op_config" in spec and "@match_b -> @apply_op_config" in spec
+    assert "iree_codegen.tuning_spec_entrypoint" in spec
+    assert "transform.iree.match.dims_equal %m_dims, [32]" in spec
+
+
+def test_matcher_names_must_be_unique():
+    with pytest.raises(ValueError, match="unique"):
+        tuning_spec([_matcher("a", 16), _matcher("a", 32)])
+
+
+def test_a_spec_needs_a_matcher():
+    # IREE requires the entry point to be one foreach_match and its yield.
+    with pytest.raises(ValueError, match="no matcher"):
+        tuning_spec([])
