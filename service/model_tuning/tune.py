@@ -46,7 +46,8 @@ from service.measure.whole_model import (
     model_arguments,
     time_models,
 )
-from service.search.engine import tune
+from service.search.engine import TuneResult, tune
+from service.measure.refine import refine
 from service.search.task_scheduler import TaskState, schedule
 
 ProgressFn = Callable[[str, int, int], None]  # (dispatch name, slices done, slices in all)
@@ -102,6 +103,8 @@ class _Candidate:
         self.plan: dict | None = None
         self.latency_s: float | None = None
         self.evaluations = 0
+        self.result: TuneResult | None = None  # the last slice's result, with every slice's trials
+        self.measured: str | None = None  # what measuring the top plans decided
 
 
 def _classify(dispatch: Dispatch) -> tuple[_Candidate | None, DispatchReport]:
@@ -179,6 +182,8 @@ def _search(candidates: list[_Candidate], hardware: HardwareModel, budget: int, 
         result = tune(c.dispatch.module, hardware, budget=_SLICE, seconds=left, seed=seed + n,
                       warm_start_plans=warm, workers=1, keep_pool=True)
         c.evaluations += result.evaluations
+        trials = (c.result.trials if c.result is not None else []) + result.trials
+        c.result = result.model_copy(update={"trials": trials})
         latency = result.predicted.get("latency_s") if result.feasible else None
         if latency is not None and (c.latency_s is None or latency < c.latency_s):
             c.latency_s, c.plan = latency, result.plan
@@ -214,10 +219,31 @@ def _verify(model: Path, spec_path: Path, tuned: dict[str, tuple[_Candidate, str
     return problems
 
 
+def _measure_top(c: _Candidate, k: int) -> None:
+    """Time the k plans predicted fastest and IREE's default on this CPU (the dispatch compiled on
+    its own); keep the fastest measured, or IREE's default when it measured fastest."""
+    refinement = refine(c.dispatch.module, c.result, k)
+    if refinement.chosen is None:
+        c.measured = f"not measured: {refinement.not_measurable or 'no plan compiled'}"
+        return
+    chosen = refinement.candidates[refinement.chosen]
+    default = refinement.default.cpu_median_s if refinement.default is not None and refinement.default.ok else None
+    if default is not None and chosen.measured.cpu_median_s is not None and default <= chosen.measured.cpu_median_s:
+        c.plan = None
+        c.measured = (f"IREE's default measured fastest ({default * 1e3:.3f} ms against "
+                      f"{chosen.measured.cpu_median_s * 1e3:.3f} ms): its own config is kept")
+        return
+    c.plan, c.latency_s = chosen.plan, chosen.predicted_latency_s
+    c.measured = f"measured {chosen.measured.cpu_median_s * 1e3:.3f} ms, IREE's default {default * 1e3:.3f} ms" \
+        if default is not None else None
+
+
 def tune_model(model: Path, hardware: HardwareModel, spec_out: Path, *, budget: int | None = None,
-               seconds: float | None = None, seed: int = 0, verify: bool = True,
+               seconds: float | None = None, seed: int = 0, measure_top: int = 0, verify: bool = True,
                progress: ProgressFn | None = None) -> ModelTuneReport:
-    """Tune every dispatch of `model` IREE forms for this CPU and write one tuning spec."""
+    """Tune every dispatch of `model` IREE forms for this CPU and write one tuning spec.
+    measure_top: time each tuned dispatch's K best predicted plans beside IREE's default and keep
+    the fastest measured (or IREE's own config)."""
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="tilesearch-model-") as tmp:
         workdir = Path(tmp)
@@ -232,6 +258,9 @@ def tune_model(model: Path, hardware: HardwareModel, spec_out: Path, *, budget: 
         total = budget if budget is not None else 64 * max(1, len(candidates))
         if candidates:
             _search(candidates, hardware, total, seconds, seed, progress)
+        for c in candidates:
+            if measure_top and c.result is not None and c.plan:
+                _measure_top(c, measure_top)
         translation = host_translation_info() if hardware.name == "host-cpu" else None
         matchers: dict[tuple, tuple[ContractionMatcher, str]] = {}
         tuned: dict[str, tuple[_Candidate, str]] = {}
@@ -240,6 +269,9 @@ def tune_model(model: Path, hardware: HardwareModel, spec_out: Path, *, budget: 
         for c in ranked:
             report = by_name[c.dispatch.entry]
             report.evaluations, report.predicted_s = c.evaluations, c.latency_s
+            if c.measured is not None and c.plan is None:
+                report.reason = c.measured
+                continue
             built = _matcher(c, f"dispatch_{len(matchers)}", translation)
             if built is None:
                 report.reason = "the best plan found leaves the root untiled: IREE's own config is kept"
@@ -252,6 +284,8 @@ def tune_model(model: Path, hardware: HardwareModel, spec_out: Path, *, budget: 
             else:
                 matchers[key] = (matcher, config_text)
             report.tuned, report.config = True, matcher.compilation_info
+            if c.measured and report.reason is None:
+                report.reason = c.measured
             tuned[c.dispatch.entry] = (c, config_text)
         if matchers:
             spec_out.write_text(tuning_spec([m for m, _ in matchers.values()]))
