@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 # Re-install only when the dependency list changes; heavy wheels stay cached in .venv.
 STAMP := $(VENV)/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
 
-.PHONY: run test install venv postgres clean
+.PHONY: run test install venv postgres chromium clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -25,7 +25,11 @@ run: install
 postgres:
 	@scripts/ensure-postgres.sh
 
-test: install postgres
+# Debian's Chromium for the dashboard's browser tests (Playwright drives it; no browser download).
+chromium:
+	@scripts/ensure-chromium.sh
+
+test: install postgres chromium
 	$(PY) -m pytest
 
 clean:

@@ -7,21 +7,21 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
-from fastapi import FastAPI, Request
-from fastapi.responses import HTMLResponse
-from fastapi.templating import Jinja2Templates
+from fastapi import FastAPI
+from fastapi.staticfiles import StaticFiles
 
+from service.api.dashboard import pages as dashboard_pages
+from service.api.dashboard.auth import LoginRequired
 from service.api.errors import install_error_handlers
 from service.api.metrics import ApiMetrics
 from service.api.middleware import BodySizeLimit, RequestMetrics
 from service.api.routes import hardware, health, tilings
 from service.config import Settings, get_settings
 from service.ir.sandbox import Sandbox
-from service.store import repo
-from service.store.db import make_engine, make_sessionmaker, session_scope
+from service.store.db import make_engine, make_sessionmaker
 from service.tiling import TilingService
 
-_TEMPLATES = Jinja2Templates(directory=Path(__file__).parent / "templates")
+_STATIC_DIR = Path(__file__).parent / "static"
 
 # Threads blocked in requests each may hold a connection (waiting on a single-flight owner,
 # reading a page); the threadpool has 40 by default.
@@ -58,25 +58,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     for router in (tilings.router, hardware.router, health.router):
         app.include_router(router)
 
-    @app.get("/", response_class=HTMLResponse, include_in_schema=False)
-    def index(request: Request) -> HTMLResponse:
-        """A small page of recent decisions."""
-        with session_scope(request.app.state.sessions) as session:
-            rows, _ = repo.list_decisions(session, limit=25)
-            decisions = [
-                {
-                    "id": r.id,
-                    "status": str(getattr(r.status, "value", r.status)),
-                    "fingerprint": r.module_fingerprint[:16],
-                    "hardware": r.hardware_hash,
-                    "latency_ms": (r.predicted_cost or {}).get("latency_s", 0) * 1e3 if r.predicted_cost else None,
-                    "evaluations": (r.search_stats or {}).get("evaluations"),
-                    "complete": (r.search_stats or {}).get("complete"),
-                    "created_at": r.created_at,
-                }
-                for r in rows
-            ]
-        return _TEMPLATES.TemplateResponse(request, "index.html", {"decisions": decisions})
+    # The dashboard: server-rendered pages at / and its vendored scripts under /static.
+    app.include_router(dashboard_pages.router)
+    app.add_exception_handler(LoginRequired, dashboard_pages.login_redirect)
+    app.mount("/static", StaticFiles(directory=_STATIC_DIR), name="static")
 
     # Outermost first at runtime: metrics see every request, including 413s.
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
