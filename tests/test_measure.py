@@ -7,20 +7,15 @@ import pytest
 
 from service.ir.graph import describe_op
 from service.ir.mlir import context, ir
-from service.measure.iree import (
-    BenchSettings,
+from service.measure.forcing import NotMeasurable, find_anchor, force_plan
+from service.measure.lowering import (
     LoweringConfig,
-    chosen_translation_infos,
-    NotMeasurable,
     compilation_info_text,
-    find_anchor,
-    force_plan,
-    host_translation_info,
     lowering_config_from_levels,
-    measure_plan,
-    measure_plan_and_default,
     vector_tile_elements,
 )
+from service.measure.timing import BenchSettings, measure_plan, measure_plan_and_default
+from service.measure.tools import chosen_translation_infos, host_translation_info
 
 from _shared import WORKLOADS  # noqa: E402  (../shared beside the repo)
 MATMUL_ITERS = ["parallel", "parallel", "reduction"]
@@ -270,7 +265,7 @@ def test_the_top_plans_are_distinct_feasible_and_in_predicted_order():
 
 
 def test_the_fastest_measured_plan_answers_not_the_fastest_predicted():
-    from service.measure.iree import Measurement
+    from service.measure.timing import Measurement
     from service.measure.refine import MeasuredPlan, Refinement, top_plans, with_measured_choice
 
     result = _tiny_tune()
