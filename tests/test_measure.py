@@ -104,7 +104,7 @@ def test_force_plan_sets_the_attribute_on_the_anchor_only():
 def test_iterator_types_of_a_convolution():
     with context():
         module = ir.Module.parse((WORKLOADS / "conv_relu.mlir").read_text())
-        conv = find_anchor(module, lambda op: op.name.startswith("linalg.conv_"))
+        conv = find_anchor(module, ("linalg.conv_2d_nhwc_hwcf", 0))
         # n, oh, ow, f parallel; kh, kw, c reduction
         assert describe_op(conv, uid=-1).iterator_types == ["parallel"] * 4 + ["reduction"] * 3
 

@@ -17,9 +17,9 @@ from typing import Any, Union
 
 import numpy as np
 
-from service.ir.graph import describe_op
+from service.ir.graph import describe_op, tag_tileable_ops, uid_of, walk_ops
 from service.ir.hints import hint_for
-from service.ir.mlir import context, ir
+from service.ir.mlir import attribute_names, context, ir
 
 from .lowering import CONFIGURABLE_KINDS, LoweringConfig, compilation_info_text, lowering_config_from_levels
 from .tools import host_translation_info
@@ -27,10 +27,6 @@ from .tools import host_translation_info
 # Ops whose `compilation_info` IREE 3.13 silently drops and replaces with its own config (checked
 # for conv_2d; other ops are caught after compiling, by comparing with the configs IREE dumps).
 _IGNORED_CONFIG_PREFIXES = ("linalg.conv_", "linalg.depthwise_conv_")
-
-# Ops never counted when anchors are addressed by index among linalg ops (they are region
-# terminators / helpers, not tileable ops).
-_NOT_TILEABLE = frozenset({"linalg.yield", "linalg.index"})
 
 _NUMPY_DTYPES = {
     "f16": np.float16,
@@ -55,81 +51,37 @@ class NotMeasurable(Exception):
 # --------------------------------------------------------------------------------------------
 # Finding ops in a module
 
-# An anchor is: an int (op uid; until the IR core's graph lands, the index of the op among the
-# module's tileable linalg ops in pre-order), (op name, index among ops of that name), or a
-# predicate over ops.
-AnchorRef = Union[int, tuple[str, int], Callable[[ir.Operation], bool]]
+# An anchor is an op uid (`ts.uid`, as the search's plans name ops) or (op name, index among
+# the ops of that name in pre-order).
+AnchorRef = Union[int, tuple[str, int]]
 
 
-def _walk(module: ir.Module | ir.OpView, keep: Callable[[ir.Operation], bool]) -> list[ir.Operation]:
-    found: list[ir.Operation] = []
-
-    def visit(op: ir.Operation) -> ir.WalkResult:
-        if keep(op):
-            found.append(op)
-        return ir.WalkResult.ADVANCE
-
-    module.operation.walk(visit, ir.WalkOrder.PRE_ORDER)
-    return found
-
-
-def linalg_ops(module: ir.Module | ir.OpView) -> list[ir.Operation]:
-    """Tileable linalg ops in pre-order (the order anchors are numbered in, before uids)."""
-    return _walk(module, lambda op: op.name.startswith("linalg.") and op.name not in _NOT_TILEABLE)
-
-
-def _uid_tagging() -> Callable[[ir.Module], ir.OpView] | None:
-    """The IR core's uid tagging (`ts.uid` on TilingInterface ops), or None before it lands."""
-    try:
-        from service.ir.graph import tag_tileable_ops
-    except ImportError:
-        return None
-    return tag_tileable_ops
+def _ops_where(module: ir.Module | ir.OpView, keep: Callable[[ir.Operation], bool]) -> list[ir.Operation]:
+    return [op for op in walk_ops(module.operation) if keep(op)]
 
 
 def _strip_uid_tags(module: ir.Module | ir.OpView) -> None:
     """Drop the IR core's `ts.*` tags: iree-compile gets the module as the user wrote it."""
-    for op in _walk(module, lambda op: True):
-        for name in [a if isinstance(a, str) else a.name for a in op.attributes]:
+    for op in walk_ops(module.operation):
+        for name in attribute_names(op):
             if name.startswith("ts."):
                 del op.attributes[name]
 
 
 def find_anchor(module: ir.Module | ir.OpView, anchor: AnchorRef) -> ir.Operation:
-    """The op an AnchorRef names. An int is a `ts.uid` when the module is tagged, else the index
-    among linalg ops in pre-order (the IR core's numbering for linalg-only modules)."""
+    """The op an AnchorRef names: an int is a `ts.uid` (the module tagged by tag_tileable_ops)."""
     if isinstance(anchor, bool):
-        raise TypeError("anchor must be an op uid, (name, index) or a predicate")
+        raise TypeError("anchor must be an op uid or (name, index)")
     if isinstance(anchor, int):
-        tagged = _walk(module, lambda op: "ts.uid" in op.attributes)
-        if tagged:
-            ops = [op for op in tagged if ir.IntegerAttr(op.attributes["ts.uid"]).value == anchor]
-            if len(ops) != 1:
-                raise LookupError(f"no op with uid {anchor} in the module")
-            return ops[0]
-        ops = linalg_ops(module)
-        if not 0 <= anchor < len(ops):
-            raise LookupError(f"no anchor op with uid {anchor}: the module has {len(ops)} linalg ops")
-        return ops[anchor]
-    if isinstance(anchor, tuple):
-        name, index = anchor
-        ops = _walk(module, lambda op: op.name == name)
-        if not 0 <= index < len(ops):
-            raise LookupError(f"no {name} #{index}: the module has {len(ops)} of them")
-        return ops[index]
-    ops = _walk(module, anchor)
-    if len(ops) != 1:
-        raise LookupError(f"anchor predicate matched {len(ops)} ops, expected exactly 1")
-    return ops[0]
-
-
-def _enclosing_func(op: ir.Operation) -> ir.Operation:
-    parent = op.parent
-    while parent is not None and parent.name != "func.func":
-        parent = parent.parent
-    if parent is None:
-        raise LookupError(f"{op.name} is not inside a func.func")
-    return parent
+        ops = _ops_where(module, lambda op: uid_of(op) == anchor)
+        if len(ops) != 1:
+            raise LookupError(f"no op with uid {anchor} in the module")
+        return ops[0]
+    name, index = anchor
+    ops = _ops_where(module, lambda op: op.name == name)
+    if not 0 <= index < len(ops):
+        raise LookupError(f"no {name} #{index}: the module has {len(ops)} of them")
+    return ops[index]
 
 
 def _func_name(func: ir.Operation) -> str:
@@ -218,28 +170,22 @@ def force_plan(
     module_text: str,
     plan: Any,
     *,
-    anchor_of: Callable[[Any], AnchorRef] | None = None,
     translation_info: str | None = None,
     shape_hints: Mapping[str, Sequence[int]] | None = None,
 ) -> ForcedModule:
     """Parse `module_text`, set each group's config as `compilation_info` on its anchor op.
 
-    `anchor_of` maps a group's `anchor` field to an AnchorRef (default: the field itself, an
-    int uid). `translation_info` defaults to the one IREE's own config uses on this host
+    A group's `anchor` is an AnchorRef. `translation_info` defaults to the one IREE's own config uses on this host
     (host_translation_info), so that only the tile sizes differ from IREE's default.
     Raises NotMeasurable for anchors whose config IREE would silently drop.
     """
     translation_info = translation_info or host_translation_info()
     with context():
-        module = ir.Module.parse(module_text)
-        tagging = _uid_tagging()
-        if tagging is not None:
-            module = tagging(module)  # a tagged clone: ints in the plan are ts.uid values
+        module = tag_tileable_ops(ir.Module.parse(module_text))  # a tagged clone: ints in the plan are ts.uid values
         configs: list[LoweringConfig] = []
         funcs: set[str] = set()
         for group in _groups(plan):
-            ref = anchor_of(group["anchor"]) if anchor_of else group["anchor"]
-            op = find_anchor(module, ref)
+            op = find_anchor(module, group["anchor"])
             if op.name.startswith(_IGNORED_CONFIG_PREFIXES):
                 raise NotMeasurable(
                     f"{op.name}: IREE 3.13 silently drops a compilation_info on convolutions and "
@@ -252,14 +198,16 @@ def force_plan(
             config = lowering_config_from_levels(group["levels"], described.iterator_types, anchor=label)
             op.attributes["compilation_info"] = ir.Attribute.parse(compilation_info_text(config, translation_info))
             configs.append(config)
-            funcs.add(_func_name(_enclosing_func(op)))
+            if not described.func:
+                raise LookupError(f"{op.name} is not inside a func.func")
+            funcs.add(described.func)
         if not configs:
             raise NotMeasurable("no group of the plan anchors a contraction: IREE's CPU backend takes "
                                 "tile sizes on its root contraction or convolution only")
         if len(funcs) != 1:
             raise NotMeasurable(f"plan anchors span several functions {sorted(funcs)}: time one at a time")
         (function,) = funcs
-        func = _walk(module, lambda op: op.name == "func.func" and _func_name(op) == function)[0]
+        func = _ops_where(module, lambda op: op.name == "func.func" and _func_name(op) == function)[0]
         arguments = function_arguments(func, shape_hints)
         _strip_uid_tags(module)
         return ForcedModule(str(module), function, arguments, configs)
@@ -270,7 +218,7 @@ def default_module(module_text: str, function: str | None = None,
     """The module as is (IREE picks its own config), with the function to time."""
     with context():
         module = ir.Module.parse(module_text)
-        funcs = _walk(module, lambda op: op.name == "func.func")
+        funcs = _ops_where(module, lambda op: op.name == "func.func")
         if function is not None:
             funcs = [f for f in funcs if _func_name(f) == function]
         if not funcs:

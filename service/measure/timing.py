@@ -14,14 +14,14 @@ from __future__ import annotations
 
 import statistics
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from .forcing import AnchorRef, ForcedModule, NotMeasurable, default_module, force_plan, write_inputs
+from .forcing import ForcedModule, NotMeasurable, default_module, force_plan, write_inputs
 from .lowering import LoweringConfig, lowering_config_text
 from .tools import (
     ToolFailure,
@@ -162,13 +162,12 @@ def measure_plan(
     plan: Any,
     *,
     settings: BenchSettings = BenchSettings(),
-    anchor_of: Callable[[Any], AnchorRef] | None = None,
     keep_dir: Path | None = None,
     shape_hints: Mapping[str, Sequence[int]] | None = None,
 ) -> Measurement:
     """Force `plan` on the module, compile, time. Raises NotMeasurable (convs, dynamic dims
     without a shape hint)."""
-    prepared = force_plan(module_text, plan, anchor_of=anchor_of, shape_hints=shape_hints)
+    prepared = force_plan(module_text, plan, shape_hints=shape_hints)
     with _workdir(keep_dir) as workdir:
         flags = write_inputs(prepared.arguments, workdir)
         return _measure(prepared, workdir, "forced", settings, flags)
@@ -194,14 +193,13 @@ def measure_plan_and_default(
     plan: Any,
     *,
     settings: BenchSettings = BenchSettings(),
-    anchor_of: Callable[[Any], AnchorRef] | None = None,
     keep_dir: Path | None = None,
     shape_hints: Mapping[str, Sequence[int]] | None = None,
 ) -> Comparison:
     """The forced plan and IREE's default on the same random inputs, compiled in one temp dir
     and timed in alternating rounds (one repetition each) so that both see the same load.
     `shape_hints` sizes dynamic dims (argN -> shape) for the inputs; both modules stay dynamic."""
-    (forced,), default = measure_plans_and_default(module_text, [plan], settings=settings, anchor_of=anchor_of,
+    (forced,), default = measure_plans_and_default(module_text, [plan], settings=settings,
                                                    keep_dir=keep_dir, shape_hints=shape_hints)
     return Comparison(forced=forced, default=default)
 
@@ -211,13 +209,12 @@ def measure_plans_and_default(
     plans: Sequence[Any],
     *,
     settings: BenchSettings = BenchSettings(),
-    anchor_of: Callable[[Any], AnchorRef] | None = None,
     keep_dir: Path | None = None,
     shape_hints: Mapping[str, Sequence[int]] | None = None,
 ) -> tuple[list[Measurement], Measurement]:
     """Several forced plans and IREE's default, timed in alternating rounds (A B C default A B
     C default ...), so that a burst of outside load hits them alike. Raises NotMeasurable."""
-    forced = [force_plan(module_text, plan, anchor_of=anchor_of, shape_hints=shape_hints) for plan in plans]
+    forced = [force_plan(module_text, plan, shape_hints=shape_hints) for plan in plans]
     if not forced:
         raise ValueError("no plans to measure")
     default = default_module(module_text, forced[0].function, shape_hints)
