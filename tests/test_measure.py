@@ -12,6 +12,8 @@ from service.measure.lowering import (
     LoweringConfig,
     compilation_info_text,
     lowering_config_from_levels,
+    lowering_config_of,
+    lowering_config_text,
     vector_tile_elements,
 )
 from service.measure.timing import BenchSettings, measure_plan, measure_plan_and_default
@@ -85,6 +87,18 @@ def test_attribute_text_is_the_documented_one_and_parses_with_real_mlir():
         attr = ir.Attribute.parse(text)
     assert "vector_reduction = [0, 0, 16]" in str(attr)
     assert vector_tile_elements(config) == 8 * 32 * 16
+
+
+def test_a_config_iree_printed_is_read_back_with_the_mlir_parser():
+    printed = ("#iree_cpu.lowering_config<distribution = [32, 0], vector_common_parallel = [8, 0], "
+               "vector_reduction = [0, 16]>")
+    assert lowering_config_of(printed, anchor="chosen by IREE") == LoweringConfig(
+        distribution=[32, 0], vector_common_parallel=[8, 0], vector_reduction=[0, 16], anchor="chosen by IREE")
+    assert lowering_config_of("#iree_cpu.lowering_config<vector_common_parallel = [8, 16]>") is None  # a fill's
+    config = LoweringConfig(distribution=[256, 256, 0], vector_common_parallel=[8, 32, 0], vector_reduction=[0, 0, 16])
+    assert lowering_config_of(lowering_config_text(config)) == config
+    with pytest.raises(ValueError, match="not an #iree_cpu.lowering_config"):
+        lowering_config_of("#iree_codegen.translation_info<pipeline = #iree_cpu.pipeline<DoubleTilingExpert>>")
 
 
 def test_force_plan_sets_the_attribute_on_the_anchor_only():

@@ -2,7 +2,7 @@
 
 A plan's levels map onto IREE's CPU lowering config (DESIGN.md, Candidates):
 level 0 -> `distribution`, level 1 -> `vector_common_parallel`, level 2 -> `vector_reduction`.
-The mapping is pure.
+The mapping is pure; `lowering_config_of` reads a config IREE printed back with MLIR's parser.
 """
 
 from __future__ import annotations
@@ -12,12 +12,16 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from service.ir.mlir import context, ir
+
 PARALLEL = "parallel"
 REDUCTION = "reduction"
 DEFAULT_PIPELINE = "DoubleTilingExpert"
 
 # Op kinds (service.ir.graph) whose tiling IREE's CPU backend can be told through compilation_info.
 CONFIGURABLE_KINDS = ("contraction", "convolution")
+
+_LOWERING_CONFIG_PREFIX = "#iree_cpu.lowering_config<"
 
 
 class LoweringConfig(BaseModel):
@@ -99,3 +103,26 @@ def vector_tile_elements(config: LoweringConfig) -> int:
             n *= s
     return n
 
+
+def _tile_sizes(value: ir.Attribute) -> list[int]:
+    return [ir.IntegerAttr(size).value for size in ir.ArrayAttr(value)]
+
+
+def lowering_config_of(text: str, *, anchor: str | None = None) -> LoweringConfig | None:
+    """The tile sizes of an `#iree_cpu.lowering_config` attribute as MLIR prints it, or None for
+    a config without a distribution level (IREE gives helper ops such as the fill vector-only
+    configs). Other levels IREE may add (e.g. `vector_inner_parallel`) are not reported.
+
+    The bindings have no accessor for this attribute's entries. IREE prints it as its dictionary
+    of entries between the angle brackets (`key = [sizes], ...`), which is the builtin
+    dictionary syntax, so MLIR's parser reads that body back as a DictAttr."""
+    with context():
+        printed = str(ir.Attribute.parse(text))
+        if not (printed.startswith(_LOWERING_CONFIG_PREFIX) and printed.endswith(">")):
+            raise ValueError(f"not an #iree_cpu.lowering_config: {printed}")
+        entries = ir.DictAttr(ir.Attribute.parse("{" + printed[len(_LOWERING_CONFIG_PREFIX):-1] + "}"))
+        if "distribution" not in entries:
+            return None
+        sizes = {level: _tile_sizes(entries[level]) if level in entries else []
+                 for level in ("distribution", "vector_common_parallel", "vector_reduction")}
+    return LoweringConfig(**sizes, anchor=anchor)

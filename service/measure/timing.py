@@ -22,14 +22,13 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from .forcing import ForcedModule, NotMeasurable, default_module, force_plan, write_inputs
-from .lowering import LoweringConfig, lowering_config_text
+from .lowering import LoweringConfig, lowering_config_of, lowering_config_text
 from .tools import (
     ToolFailure,
     benchmark_module,
     benchmark_threads,
     chosen_lowering_configs,
     compile_module,
-    config_from_text,
     iree_version,
 )
 
@@ -101,7 +100,7 @@ def _compile(prepared: ForcedModule, workdir: Path, tag: str, settings: BenchSet
         return _Compiled(prepared, vmfb_path, prepared.configs, failed)
     chosen = chosen_lowering_configs(configs_dir) if configs_dir.exists() else []
     if not prepared.configs:
-        reported = [c for c in map(config_from_text, chosen) if c is not None]
+        reported = [c for c in (lowering_config_of(text, anchor="chosen by IREE") for text in chosen) if c is not None]
         return _Compiled(prepared, vmfb_path, reported)
     # IREE may silently keep its own config; then timing it under the plan's name would lie.
     for config in prepared.configs:

@@ -12,7 +12,6 @@ import importlib.metadata
 import json
 import logging
 import os
-import re
 import subprocess
 import tempfile
 from collections.abc import Sequence
@@ -22,7 +21,7 @@ from pathlib import Path
 from service.ir.graph import walk_ops
 from service.ir.mlir import context, ir, tool_path
 
-from .lowering import DEFAULT_PIPELINE, LoweringConfig, translation_info_text
+from .lowering import DEFAULT_PIPELINE, translation_info_text
 
 log = logging.getLogger(__name__)
 
@@ -79,41 +78,25 @@ def compile_module(mlir_path: Path, vmfb_path: Path, configs_dir: Path, timeout_
         raise ToolFailure(first_error_line(proc.stderr))
 
 
-_LOWERING_CONFIG_RE = re.compile(r"#iree_cpu\.lowering_config<[^<>]*>")
-
-
-def chosen_lowering_configs(configs_dir: Path) -> list[str]:
-    """The lowering configs IREE used, as printed in its executable-configuration dumps."""
-    found: list[str] = []
-    for path in sorted(configs_dir.glob("*.mlir")):
-        found.extend(_LOWERING_CONFIG_RE.findall(path.read_text()))
-    return found
-
-
-def config_from_text(text: str) -> LoweringConfig | None:
-    fields = dict(re.findall(r"(\w+) = \[([^\]]*)\]", text))
-    if "distribution" not in fields:
-        return None  # helper ops (e.g. the fill) get vector-only configs; not the root's
-    as_list = lambda s: [int(x) for x in s.split(",") if x.strip()]  # noqa: E731
-    return LoweringConfig(
-        distribution=as_list(fields["distribution"]),
-        vector_common_parallel=as_list(fields.get("vector_common_parallel", "")),
-        vector_reduction=as_list(fields.get("vector_reduction", "")),
-        anchor="chosen by IREE",
-    )
-
-
-def chosen_translation_infos(configs_dir: Path) -> list[str]:
-    """The translation_info attributes IREE gave the dispatch functions, read from its
-    executable-configuration dumps with the real MLIR parser."""
+def _dumped_attributes(configs_dir: Path, name: str) -> list[str]:
+    """The `name` attributes of the ops in IREE's executable-configuration dumps, in file and
+    op order, as MLIR prints them (the dumps are parsed with the real MLIR parser)."""
     found: list[str] = []
     with context():
         for path in sorted(configs_dir.glob("*.mlir")):
             module = ir.Module.parse(path.read_text())
-            for op in walk_ops(module.operation):
-                if "translation_info" in op.attributes:
-                    found.append(str(op.attributes["translation_info"]))
+            found.extend(str(op.attributes[name]) for op in walk_ops(module.operation) if name in op.attributes)
     return found
+
+
+def chosen_lowering_configs(configs_dir: Path) -> list[str]:
+    """The lowering configs IREE put on the ops of its dispatches."""
+    return _dumped_attributes(configs_dir, "lowering_config")
+
+
+def chosen_translation_infos(configs_dir: Path) -> list[str]:
+    """The translation_info attributes IREE gave the dispatch functions."""
+    return _dumped_attributes(configs_dir, "translation_info")
 
 
 # A static matmul: what IREE's CPU default chooses for it shows the pipeline options it uses on
