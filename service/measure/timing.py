@@ -40,7 +40,7 @@ class Measurement(BaseModel):
     median_s: float | None = None
     samples_s: list[float] = Field(default_factory=list)
     # Process CPU time per call, all worker threads together. On a shared machine wall time
-    # swings 2-4x with other people's load; CPU time moves far less (see cpu_per_core_s).
+    # swings with other processes' load; CPU time moves far less (see cpu_per_core_s).
     cpu_median_s: float | None = None
     cpu_samples_s: list[float] = Field(default_factory=list)
     error: str | None = None
