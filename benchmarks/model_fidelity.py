@@ -49,7 +49,7 @@ from service.measure.calibrate import (  # noqa: E402
     sample_plans,
     with_calibration,
 )
-from service.measure.iree import BenchSettings  # noqa: E402
+from service.measure.timing import BenchSettings  # noqa: E402
 
 SETTINGS = BenchSettings(repetitions=3, min_time_s=0.05)  # same as calibrate: shares the cache
 # (3 alternating rounds of plan / IREE default per plan)

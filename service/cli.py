@@ -119,7 +119,8 @@ def measure_cmd(
     """Time a plan forced on IREE (host CPU) and IREE's own default, medians of repetitions."""
     import json
 
-    from service.measure.iree import BenchSettings, NotMeasurable, cpu_per_core_s, measure_plan_and_default
+    from service.measure.forcing import NotMeasurable
+    from service.measure.timing import BenchSettings, cpu_per_core_s, measure_plan_and_default
     from service.search.shapes import ShapeHintError, parse_shape_hints
 
     settings = BenchSettings(repetitions=repetitions, min_time_s=min_time_s)

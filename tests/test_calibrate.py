@@ -28,7 +28,7 @@ from service.measure.calibrate import (
     with_calibration,
     with_register_tile,
 )
-from service.measure.iree import vector_tile_elements
+from service.measure.lowering import vector_tile_elements
 
 from _shared import WORKLOADS  # noqa: E402  (../shared beside the repo)
 

@@ -2,27 +2,29 @@
 
 from __future__ import annotations
 
+import json
 
 import pytest
+from typer.testing import CliRunner
 
+from service.cli import app
 from service.ir.graph import describe_op
 from service.ir.mlir import context, ir
-from service.measure.iree import (
-    BenchSettings,
+from service.measure import cache
+from service.measure.forcing import NotMeasurable, find_anchor, force_plan
+from service.measure.lowering import (
     LoweringConfig,
-    chosen_translation_infos,
-    NotMeasurable,
     compilation_info_text,
-    find_anchor,
-    force_plan,
-    host_translation_info,
     lowering_config_from_levels,
-    measure_plan,
-    measure_plan_and_default,
+    lowering_config_of,
+    lowering_config_text,
     vector_tile_elements,
 )
+from service.measure.timing import BenchSettings, measure_plan, measure_plan_and_default
+from service.measure.tools import chosen_translation_infos, host_translation_info
 
 from _shared import WORKLOADS  # noqa: E402  (../shared beside the repo)
+
 MATMUL_ITERS = ["parallel", "parallel", "reduction"]
 
 TINY_MATMUL = """
@@ -92,6 +94,18 @@ def test_attribute_text_is_the_documented_one_and_parses_with_real_mlir():
     assert vector_tile_elements(config) == 8 * 32 * 16
 
 
+def test_a_config_iree_printed_is_read_back_with_the_mlir_parser():
+    printed = ("#iree_cpu.lowering_config<distribution = [32, 0], vector_common_parallel = [8, 0], "
+               "vector_reduction = [0, 16]>")
+    assert lowering_config_of(printed, anchor="chosen by IREE") == LoweringConfig(
+        distribution=[32, 0], vector_common_parallel=[8, 0], vector_reduction=[0, 16], anchor="chosen by IREE")
+    assert lowering_config_of("#iree_cpu.lowering_config<vector_common_parallel = [8, 16]>") is None  # a fill's
+    config = LoweringConfig(distribution=[256, 256, 0], vector_common_parallel=[8, 32, 0], vector_reduction=[0, 0, 16])
+    assert lowering_config_of(lowering_config_text(config)) == config
+    with pytest.raises(ValueError, match="not an #iree_cpu.lowering_config"):
+        lowering_config_of("#iree_codegen.translation_info<pipeline = #iree_cpu.pipeline<DoubleTilingExpert>>")
+
+
 def test_force_plan_sets_the_attribute_on_the_anchor_only():
     forced = force_plan(TINY_MATMUL, matmul_plan([32, 32, 0], [8, 16, 0], [0, 0, 16]))
     assert forced.function == "mm"
@@ -109,7 +123,7 @@ def test_force_plan_sets_the_attribute_on_the_anchor_only():
 def test_iterator_types_of_a_convolution():
     with context():
         module = ir.Module.parse((WORKLOADS / "conv_relu.mlir").read_text())
-        conv = find_anchor(module, lambda op: op.name.startswith("linalg.conv_"))
+        conv = find_anchor(module, ("linalg.conv_2d_nhwc_hwcf", 0))
         # n, oh, ow, f parallel; kh, kw, c reduction
         assert describe_op(conv, uid=-1).iterator_types == ["parallel"] * 4 + ["reduction"] * 3
 
@@ -181,8 +195,8 @@ def test_force_plan_sets_the_translation_info_it_is_given():
 @pytest.mark.slow
 def test_a_forced_plan_uses_the_translation_info_of_irees_default_on_this_host(tmp_path):
     """Only the tile sizes may differ from IREE's default: on an AVX2 host IREE peels remainder
-    iterations (enable_loop_peeling), and a forced config without it ran masked vectors, 2.4x
-    slower than the default at the default's own tile sizes (dynamic_matmul, AMD EPYC)."""
+    iterations (enable_loop_peeling), and a forced config without it compiles masked vectors,
+    far slower than the default at the default's own tile sizes (README)."""
     result = measure_plan_and_default(TINY_MATMUL, matmul_plan([32, 32, 0], [8, 8, 0], [0, 0, 8]), settings=FAST,
                                       keep_dir=tmp_path)
     assert result.forced.ok and result.default.ok, (result.forced.error, result.default.error)
@@ -210,12 +224,6 @@ def test_large_vector_tile_is_a_recorded_failure():
 
 @pytest.mark.slow
 def test_cli_measure_prints_forced_and_default_medians(tmp_path):
-    import json
-
-    from typer.testing import CliRunner
-
-    from service.cli import app
-
     module = tmp_path / "mm.mlir"
     module.write_text(TINY_MATMUL)
     plan = tmp_path / "plan.json"
@@ -228,110 +236,12 @@ def test_cli_measure_prints_forced_and_default_medians(tmp_path):
     assert payload["speedup_over_default"] > 0
 
 
-# ---- measure-in-the-loop refinement ---------------------------------------------------------
-
-
-def _tiny_tune(budget: int = 16):
-    from service.hardware.profiles import get_profile
-    from service.search.engine import tune
-
-    return tune(TINY_MATMUL, get_profile("host-cpu"), budget=budget, strategy="random", seed=0, workers=0)
-
-
-def test_the_super_tiling_baseline_is_never_a_plan_to_measure():
-    """It tiles for memory only; forced, its zeros make the whole distribution tile one vector
-    op, which IREE refuses ("large vector sizes (16384 bytes)" on AVX2)."""
-    from service.measure.refine import top_plans
-
-    result = _tiny_tune(16)
-    (baseline,) = [t for t in result.trials if t.source == "supertiling"]
-    fastest = min(t.latency_s for t in result.trials if t.latency_s is not None)
-    result.trials[result.trials.index(baseline)] = baseline.model_copy(update={"latency_s": fastest / 2})
-    assert baseline.plan_hash not in [h for _, h, _ in top_plans(result, 4)]
-
-
-def test_the_top_plans_are_distinct_feasible_and_in_predicted_order():
-    from service.measure.refine import top_plans
-
-    result = _tiny_tune(32)
-    top = top_plans(result, 4)
-    assert len(top) == 4 and len({h for _, h, _ in top}) == 4
-    # Distinct as IREE compiles them: a plan differing from the best only in its loop kinds
-    # (IREE distributes level 0 itself) is the same measurement.
-    best = next(t for t in result.trials if t.plan_hash == top[0][1])
-    flip = {"for": "forall", "forall": "for"}
-    twin = best.plan | {"groups": [g | {"levels": [lv | {"loop": flip[lv["loop"]]} for lv in g["levels"]]} for g in best.plan["groups"]]}
-    assert twin != best.plan
-    result.trials.append(best.model_copy(update={"plan": twin, "plan_hash": "twin", "latency_s": best.latency_s * 1.0001}))
-    assert "twin" not in [h for _, h, _ in top_plans(result, 4)]
-    assert [lat for _, _, lat in top] == sorted(lat for _, _, lat in top)
-    feasible = sorted(t.latency_s for t in result.trials if t.stage == "cost" and t.feasible and t.plan["groups"])
-    assert top[0][2] == feasible[0]
-
-
-def test_the_fastest_measured_plan_answers_not_the_fastest_predicted():
-    from service.measure.iree import Measurement
-    from service.measure.refine import MeasuredPlan, Refinement, top_plans, with_measured_choice
-
-    result = _tiny_tune()
-    top = top_plans(result, 2)
-
-    def timed(cpu: float) -> Measurement:
-        return Measurement(ok=True, median_s=cpu / 2, cpu_median_s=cpu, iree_version="test")
-
-    refinement = Refinement(candidates=[MeasuredPlan(plan=p, plan_hash=h, predicted_latency_s=lat, measured=timed(cpu))
-                                        for (p, h, lat), cpu in zip(top, (2e-3, 1e-3))],
-                            default=timed(3e-3), chosen=1)
-    answered = with_measured_choice(result, refinement)
-    assert answered.plan == top[1][0] and answered.plan_hash == top[1][1]
-    assert answered.predicted["latency_s"] == top[1][2]
-    assert answered.summary()["measured"]["chosen"] == 1
-    # Nothing measurable: the predicted best stands, and the answer says why.
-    kept = with_measured_choice(result, Refinement(not_measurable="convolution"))
-    assert kept.plan == result.plan and kept.summary()["measured"]["not_measurable"] == "convolution"
-
-
-def test_measure_top_refuses_what_it_cannot_measure(tmp_path):
-    from typer.testing import CliRunner
-
-    from service.cli import app
-
-    module = tmp_path / "mm.mlir"
-    module.write_text(TINY_MATMUL)
-    for extra in (["--bucket", "M=1,16"], ["--server", "http://127.0.0.1:9"]):
-        result = CliRunner().invoke(app, ["tune", str(module), "--measure-top", "2", *extra])
-        assert result.exit_code == 2 and "--measure-top" in result.output
-
-
-@pytest.mark.slow
-def test_tune_measure_top_times_the_candidates_and_the_default(tmp_path):
-    import json
-
-    from typer.testing import CliRunner
-
-    from service.cli import app
-    from service.hardware.profiles import detect_host_cpu, save_profile
-
-    module = tmp_path / "mm.mlir"
-    module.write_text(TINY_MATMUL)
-    # IREE compiles for the machine the test runs on: search with its profile, not the pinned
-    # reference host's (an AVX-512 vector tile fails to compile on an AVX2 machine).
-    save_profile(detect_host_cpu().model_copy(update={"name": "this-machine"}))
-    result = CliRunner().invoke(app, ["tune", str(module), "--hardware", "this-machine", "--budget", "12", "--workers", "1",
-                                      "--measure-top", "2", "--json"])
-    assert result.exit_code == 0, result.output
-    payload = json.loads(result.output)
-    measured = payload["measured"]
-    assert measured["default_cpu_s"] > 0 and len(measured["candidates"]) == 2
-    chosen = measured["candidates"][measured["chosen"]]
-    assert chosen["cpu_s"] == min(c["cpu_s"] for c in measured["candidates"])
+# ---- the measurement cache ------------------------------------------------------------------
 
 
 def test_a_cached_measurement_of_a_forced_plan_is_keyed_by_the_translation_info(monkeypatch):
     """A forced plan's timing depends on the pipeline options it is compiled with (peeling or
     masking): a cache filled under other options must not answer."""
-    from service.measure import cache
-
     plan = matmul_plan([32, 32, 0], [8, 16, 0], [0, 0, 16])
     monkeypatch.setattr(cache, "host_translation_info", lambda: "masking")
     masked, default = cache.measurement_key(TINY_MATMUL, plan, FAST), cache.measurement_key(TINY_MATMUL, None, FAST)

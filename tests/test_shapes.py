@@ -287,7 +287,7 @@ def test_hints_for_one_function_are_checked_against_that_function(hints, message
 
 def test_a_function_qualified_hint_sizes_only_its_function_and_wins_there():
     from service.hardware.cost import cost_of_plan
-    from service.measure.iree import function_arguments as measured_arguments
+    from service.measure.forcing import function_arguments as measured_arguments
     from service.search.space import build_space
 
     analysis = analyze(TWO_FUNCTIONS)

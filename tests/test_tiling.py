@@ -9,7 +9,7 @@ from _shared import workload
 from service.config import Settings
 from service.ir.errors import MLIRSyntaxError
 from service.ir.sandbox import Sandbox
-from service.measure.iree import host_translation_info
+from service.measure.tools import host_translation_info
 from service.store.models import Decision, DecisionStatus, GroupRecord, Trial
 from service.tiling import TilingRequest, TilingService
 

@@ -14,7 +14,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from .iree import BenchSettings, Measurement, host_translation_info, iree_version
+from .timing import BenchSettings, Measurement
+from .tools import host_translation_info, iree_version
 
 DEFAULT_CACHE_PATH = Path("./var/measure/measurements.jsonl")
 

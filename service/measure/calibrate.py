@@ -30,13 +30,12 @@ from service.hardware.cost import overlapped
 from service.hardware.model import Calibration, HardwareModel
 
 from .cache import MeasurementCache, measurement_key
-from .iree import (
+from .forcing import NotMeasurable
+from .lowering import LoweringConfig, lowering_config_from_levels
+from .timing import (
     BenchSettings,
-    LoweringConfig,
     Measurement,
-    NotMeasurable,
     cpu_per_core_s,
-    lowering_config_from_levels,
     measure_default,
     measure_plan,
     measure_plan_and_default,

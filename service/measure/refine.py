@@ -17,7 +17,8 @@ from pydantic import BaseModel, Field
 
 from service.search.engine import TuneResult
 
-from .iree import BenchSettings, Measurement, NotMeasurable, measure_plans_and_default
+from .forcing import NotMeasurable
+from .timing import BenchSettings, Measurement, measure_plans_and_default
 
 
 class MeasuredPlan(BaseModel):

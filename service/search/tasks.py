@@ -119,7 +119,7 @@ def warm_start_plans(graph: OpGraph, records: list[dict]) -> list[dict]:
 def compilation_infos(graph: OpGraph, plan: dict, translation_info: str | None = None) -> dict:
     """IREE `compilation_info` attribute text per contraction/convolution anchor of the plan,
     with `translation_info` (default: the pipeline without options)."""
-    from service.measure.iree import CONFIGURABLE_KINDS, compilation_info_text, lowering_config_from_levels
+    from service.measure.lowering import CONFIGURABLE_KINDS, compilation_info_text, lowering_config_from_levels
 
     out = {}
     for group in plan.get("groups", []):
@@ -142,7 +142,7 @@ def _translation_info_for(hardware: HardwareModel) -> str | None:
     `enable_loop_peeling` there compiles masked vectors (2.4x slower on a dynamic matmul)."""
     if hardware.name != "host-cpu":
         return None
-    from service.measure.iree import host_translation_info
+    from service.measure.tools import host_translation_info
 
     return host_translation_info()
 

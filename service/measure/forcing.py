@@ -1,0 +1,227 @@
+"""A plan forced into a module: its configs set as `compilation_info` on the anchor ops.
+
+The attribute is set with the real MLIR bindings on the op each group anchors; the result is
+the module text iree-compile gets, the function to time and its arguments (shapes from the
+module, or from shape hints for dynamic dims), and the input files the benchmark reads.
+
+Ops whose forced config IREE ignores (convolutions in this version) raise `NotMeasurable`
+instead of producing a measurement of IREE's own config under the plan's name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Union
+
+import numpy as np
+
+from service.ir.graph import describe_op, tag_tileable_ops, uid_of, walk_ops
+from service.ir.hints import hint_for
+from service.ir.mlir import attribute_names, context, ir
+
+from .lowering import CONFIGURABLE_KINDS, LoweringConfig, compilation_info_text, lowering_config_from_levels
+from .tools import host_translation_info
+
+# Ops whose `compilation_info` IREE 3.13 silently drops and replaces with its own config (checked
+# for conv_2d; other ops are caught after compiling, by comparing with the configs IREE dumps).
+_IGNORED_CONFIG_PREFIXES = ("linalg.conv_", "linalg.depthwise_conv_")
+
+_NUMPY_DTYPES = {
+    "f16": np.float16,
+    "f32": np.float32,
+    "f64": np.float64,
+    "i8": np.int8,
+    "i16": np.int16,
+    "i32": np.int32,
+    "i64": np.int64,
+    "i1": np.bool_,
+}
+
+
+class NotMeasurable(Exception):
+    """This plan cannot be measured with IREE's compilation_info on this version; says why."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+# --------------------------------------------------------------------------------------------
+# Finding ops in a module
+
+# An anchor is an op uid (`ts.uid`, as the search's plans name ops) or (op name, index among
+# the ops of that name in pre-order).
+AnchorRef = Union[int, tuple[str, int]]
+
+
+def _ops_where(module: ir.Module | ir.OpView, keep: Callable[[ir.Operation], bool]) -> list[ir.Operation]:
+    return [op for op in walk_ops(module.operation) if keep(op)]
+
+
+def _strip_uid_tags(module: ir.Module | ir.OpView) -> None:
+    """Drop the IR core's `ts.*` tags: iree-compile gets the module as the user wrote it."""
+    for op in walk_ops(module.operation):
+        for name in attribute_names(op):
+            if name.startswith("ts."):
+                del op.attributes[name]
+
+
+def find_anchor(module: ir.Module | ir.OpView, anchor: AnchorRef) -> ir.Operation:
+    """The op an AnchorRef names: an int is a `ts.uid` (the module tagged by tag_tileable_ops)."""
+    if isinstance(anchor, bool):
+        raise TypeError("anchor must be an op uid or (name, index)")
+    if isinstance(anchor, int):
+        ops = _ops_where(module, lambda op: uid_of(op) == anchor)
+        if len(ops) != 1:
+            raise LookupError(f"no op with uid {anchor} in the module")
+        return ops[0]
+    name, index = anchor
+    ops = _ops_where(module, lambda op: op.name == name)
+    if not 0 <= index < len(ops):
+        raise LookupError(f"no {name} #{index}: the module has {len(ops)} of them")
+    return ops[index]
+
+
+def _func_name(func: ir.Operation) -> str:
+    return ir.StringAttr(func.attributes["sym_name"]).value
+
+
+# --------------------------------------------------------------------------------------------
+# The function to time and its inputs
+
+
+@dataclass(frozen=True)
+class ArgumentSpec:
+    shape: tuple[int, ...]
+    element_type: str
+
+
+def function_arguments(func: ir.Operation, shape_hints: Mapping[str, Sequence[int]] | None = None) -> list[ArgumentSpec]:
+    """Shapes and element types of a func's tensor arguments. A dynamic dim takes its size from
+    `shape_hints` (`argN` or `FUNC.argN` -> full shape, as `tune --shape-hint` gives it);
+    one without a hint is NotMeasurable."""
+    ftype = ir.FunctionType(ir.TypeAttr(func.attributes["function_type"]).value)
+    hints = shape_hints or {}
+    args = []
+    for i, t in enumerate(ftype.inputs):
+        rt = t.maybe_downcast() if hasattr(t, "maybe_downcast") else t
+        if not isinstance(rt, ir.RankedTensorType):
+            raise NotMeasurable(f"argument {i} of @{_func_name(func)} is {t}, not a ranked tensor")
+        shape = tuple(rt.shape)
+        if not rt.has_static_shape:
+            hint = hint_for(hints, _func_name(func), i)
+            if hint is None:
+                raise NotMeasurable(
+                    f"argument {i} of @{_func_name(func)} has dynamic dims ({t}): "
+                    f"give its shape (arg{i}=...) or benchmark a static specialization of the module"
+                )
+            if len(hint) != len(shape) or any(d != ir.ShapedType.get_dynamic_size() and d != h for d, h in zip(shape, hint)):
+                raise ValueError(f"shape hint for arg{i} of @{_func_name(func)}, {'x'.join(map(str, hint))}, does not fit {t}")
+            shape = tuple(int(h) for h in hint)
+        args.append(ArgumentSpec(shape, str(rt.element_type)))
+    return args
+
+
+def write_inputs(arguments: Sequence[ArgumentSpec], directory: Path, seed: int = 0) -> list[str]:
+    """`--input=` flags with random data of the arguments' shapes (.npy files)."""
+    rng = np.random.default_rng(seed)
+    flags = []
+    for i, arg in enumerate(arguments):
+        dtype = _NUMPY_DTYPES.get(arg.element_type)
+        if dtype is None:  # e.g. bf16: numpy has no dtype; a splat has the same timing
+            dims = "x".join(str(d) for d in arg.shape)
+            flags.append(f"--input={dims}{'x' if dims else ''}{arg.element_type}=1")
+            continue
+        if np.issubdtype(dtype, np.floating):
+            data = rng.standard_normal(arg.shape).astype(dtype)
+        else:
+            data = rng.integers(0, 2 if dtype is np.bool_ else 8, arg.shape).astype(dtype)
+        path = directory / f"arg{i}.npy"
+        np.save(path, data)
+        flags.append(f"--input=@{path}")
+    return flags
+
+
+# --------------------------------------------------------------------------------------------
+# Plan -> module with compilation_info attributes
+
+
+def _groups(plan: Any) -> list[Mapping[str, Any]]:
+    data = plan if isinstance(plan, Mapping) else plan.model_dump()
+    groups = data.get("groups") or []
+    if not groups:
+        raise ValueError("the plan has no groups")
+    return groups
+
+
+@dataclass(frozen=True)
+class ForcedModule:
+    """A module text with configs forced on its anchors, and what the benchmark needs."""
+
+    text: str
+    function: str
+    arguments: list[ArgumentSpec]
+    configs: list[LoweringConfig]
+
+
+def force_plan(
+    module_text: str,
+    plan: Any,
+    *,
+    translation_info: str | None = None,
+    shape_hints: Mapping[str, Sequence[int]] | None = None,
+) -> ForcedModule:
+    """Parse `module_text`, set each group's config as `compilation_info` on its anchor op.
+
+    A group's `anchor` is an AnchorRef. `translation_info` defaults to the one IREE's own config uses on this host
+    (host_translation_info), so that only the tile sizes differ from IREE's default.
+    Raises NotMeasurable for anchors whose config IREE would silently drop.
+    """
+    translation_info = translation_info or host_translation_info()
+    with context():
+        module = tag_tileable_ops(ir.Module.parse(module_text))  # a tagged clone: ints in the plan are ts.uid values
+        configs: list[LoweringConfig] = []
+        funcs: set[str] = set()
+        for group in _groups(plan):
+            op = find_anchor(module, group["anchor"])
+            if op.name.startswith(_IGNORED_CONFIG_PREFIXES):
+                raise NotMeasurable(
+                    f"{op.name}: IREE 3.13 silently drops a compilation_info on convolutions and "
+                    "keeps its own config, so a forced conv plan cannot be measured"
+                )
+            described = describe_op(op, uid=-1)
+            if described.kind not in CONFIGURABLE_KINDS:
+                continue  # IREE's CPU backend takes tile sizes for its root op only: it tiles this one itself
+            label = f"{group['anchor']} ({op.name})"
+            config = lowering_config_from_levels(group["levels"], described.iterator_types, anchor=label)
+            op.attributes["compilation_info"] = ir.Attribute.parse(compilation_info_text(config, translation_info))
+            configs.append(config)
+            if not described.func:
+                raise LookupError(f"{op.name} is not inside a func.func")
+            funcs.add(described.func)
+        if not configs:
+            raise NotMeasurable("no group of the plan anchors a contraction: IREE's CPU backend takes "
+                                "tile sizes on its root contraction or convolution only")
+        if len(funcs) != 1:
+            raise NotMeasurable(f"plan anchors span several functions {sorted(funcs)}: time one at a time")
+        (function,) = funcs
+        func = _ops_where(module, lambda op: op.name == "func.func" and _func_name(op) == function)[0]
+        arguments = function_arguments(func, shape_hints)
+        _strip_uid_tags(module)
+        return ForcedModule(str(module), function, arguments, configs)
+
+
+def default_module(module_text: str, function: str | None = None,
+                   shape_hints: Mapping[str, Sequence[int]] | None = None) -> ForcedModule:
+    """The module as is (IREE picks its own config), with the function to time."""
+    with context():
+        module = ir.Module.parse(module_text)
+        funcs = _ops_where(module, lambda op: op.name == "func.func")
+        if function is not None:
+            funcs = [f for f in funcs if _func_name(f) == function]
+        if not funcs:
+            raise LookupError(f"no func.func {'@' + function if function else ''} in the module")
+        func = funcs[0]
+        return ForcedModule(str(module), _func_name(func), function_arguments(func, shape_hints), [])

@@ -1,0 +1,128 @@
+"""IREE's CPU lowering config of a plan, and the attribute text that forces it.
+
+A plan's levels map onto IREE's CPU lowering config (DESIGN.md, Candidates):
+level 0 -> `distribution`, level 1 -> `vector_common_parallel`, level 2 -> `vector_reduction`.
+The mapping is pure; `lowering_config_of` reads a config IREE printed back with MLIR's parser.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from service.ir.mlir import context, ir
+
+PARALLEL = "parallel"
+REDUCTION = "reduction"
+DEFAULT_PIPELINE = "DoubleTilingExpert"
+
+# Op kinds (service.ir.graph) whose tiling IREE's CPU backend can be told through compilation_info.
+CONFIGURABLE_KINDS = ("contraction", "convolution")
+
+_LOWERING_CONFIG_PREFIX = "#iree_cpu.lowering_config<"
+
+
+class LoweringConfig(BaseModel):
+    """IREE CPU lowering config of one op: tile sizes per IREE tiling level, over its loop dims."""
+
+    distribution: list[int]
+    vector_common_parallel: list[int]
+    vector_reduction: list[int]
+    anchor: str | None = Field(default=None, description="which op it is on, for reports")
+
+
+def _level_sizes(level: Any) -> list[int]:
+    sizes = level["tile_sizes"] if isinstance(level, Mapping) else level.tile_sizes
+    return [int(s) for s in sizes]
+
+
+def lowering_config_from_levels(
+    levels: Sequence[Any], iterator_types: Sequence[str], *, anchor: str | None = None
+) -> LoweringConfig:
+    """Map a group's tiling levels (outermost first) onto IREE's three CPU tiling levels.
+
+    level 0 -> distribution over parallel dims (IREE rejects reduction entries there),
+    level 1 -> vector_common_parallel (reduction entries 0),
+    level 2 -> vector_reduction (parallel entries 0). A missing level is all zeros (untiled).
+    Loop kinds are not mapped: IREE always distributes level 0 over workgroups.
+    """
+    if len(levels) > 3:
+        raise ValueError(f"IREE's CPU config has 3 tiling levels, the plan has {len(levels)}")
+    rank = len(iterator_types)
+    for kind in iterator_types:
+        if kind not in (PARALLEL, REDUCTION):
+            raise ValueError(f"unknown iterator type {kind!r}")
+    sized = [_level_sizes(level) for level in levels] + [[0] * rank] * (3 - len(levels))
+    for i, sizes in enumerate(sized):
+        if len(sizes) != rank:
+            raise ValueError(f"level {i} has {len(sizes)} tile sizes, the anchor has {rank} loops")
+        if any(s < 0 for s in sizes):
+            raise ValueError(f"level {i} has a negative tile size: {sizes}")
+    is_par = [kind == PARALLEL for kind in iterator_types]
+    return LoweringConfig(
+        distribution=[s if p else 0 for s, p in zip(sized[0], is_par)],
+        vector_common_parallel=[s if p else 0 for s, p in zip(sized[1], is_par)],
+        vector_reduction=[0 if p else s for s, p in zip(sized[2], is_par)],
+        anchor=anchor,
+    )
+
+
+def lowering_config_text(config: LoweringConfig) -> str:
+    return (
+        "#iree_cpu.lowering_config<"
+        f"distribution = {config.distribution}, "
+        f"vector_common_parallel = {config.vector_common_parallel}, "
+        f"vector_reduction = {config.vector_reduction}>"
+    )
+
+
+def translation_info_text(pipeline: str = DEFAULT_PIPELINE) -> str:
+    """A translation_info with the pipeline alone (no pipeline options)."""
+    return f"#iree_codegen.translation_info<pipeline = #iree_cpu.pipeline<{pipeline}>>"
+
+
+def compilation_info_text(config: LoweringConfig, translation_info: str | None = None) -> str:
+    """The `compilation_info` attribute text that forces `config` on an op (DESIGN.md syntax),
+    with `translation_info` (default: DoubleTilingExpert without options)."""
+    return (
+        "#iree_codegen.compilation_info<"
+        f"lowering_config = {lowering_config_text(config)}, "
+        f"translation_info = {translation_info or translation_info_text()}>"
+    )
+
+
+def vector_tile_elements(config: LoweringConfig) -> int:
+    """Elements of the innermost vector tile: product of non-zero vector_common_parallel sizes
+    times the non-zero reduction sizes. IREE fails at 512 native vectors or more (8192 f32 with
+    AVX-512, 4096 with AVX2: the host profile's max_vector_tile_bytes)."""
+    n = 1
+    for s in config.vector_common_parallel + config.vector_reduction:
+        if s:
+            n *= s
+    return n
+
+
+def _tile_sizes(value: ir.Attribute) -> list[int]:
+    return [ir.IntegerAttr(size).value for size in ir.ArrayAttr(value)]
+
+
+def lowering_config_of(text: str, *, anchor: str | None = None) -> LoweringConfig | None:
+    """The tile sizes of an `#iree_cpu.lowering_config` attribute as MLIR prints it, or None for
+    a config without a distribution level (IREE gives helper ops such as the fill vector-only
+    configs). Other levels IREE may add (e.g. `vector_inner_parallel`) are not reported.
+
+    The bindings have no accessor for this attribute's entries. IREE prints it as its dictionary
+    of entries between the angle brackets (`key = [sizes], ...`), which is the builtin
+    dictionary syntax, so MLIR's parser reads that body back as a DictAttr."""
+    with context():
+        printed = str(ir.Attribute.parse(text))
+        if not (printed.startswith(_LOWERING_CONFIG_PREFIX) and printed.endswith(">")):
+            raise ValueError(f"not an #iree_cpu.lowering_config: {printed}")
+        entries = ir.DictAttr(ir.Attribute.parse("{" + printed[len(_LOWERING_CONFIG_PREFIX):-1] + "}"))
+        if "distribution" not in entries:
+            return None
+        sizes = {level: _tile_sizes(entries[level]) if level in entries else []
+                 for level in ("distribution", "vector_common_parallel", "vector_reduction")}
+    return LoweringConfig(**sizes, anchor=anchor)

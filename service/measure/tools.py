@@ -1,0 +1,177 @@
+"""IREE's command-line tools: compile for this host's CPU, time a function, read what IREE chose.
+
+`iree-compile` and `iree-benchmark-module` come from the same wheels as the MLIR bindings
+(`tool_path`). Both run as subprocesses with time limits; a non-zero exit or a timeout is a
+`ToolFailure` carrying the first error line.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.metadata
+import json
+import logging
+import os
+import subprocess
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from service.ir.graph import walk_ops
+from service.ir.mlir import context, ir, tool_path
+
+from .lowering import DEFAULT_PIPELINE, translation_info_text
+
+log = logging.getLogger(__name__)
+
+_COMPILE_FLAGS = (
+    "--iree-hal-target-device=local",
+    "--iree-hal-local-target-device-backends=llvm-cpu",
+    "--iree-llvmcpu-target-cpu=host",
+)
+_BENCH_DEVICE = "local-task"
+
+
+def iree_version() -> str:
+    return "; ".join(
+        f"{p}=={importlib.metadata.version(p)}" for p in ("iree-base-compiler", "iree-base-runtime")
+    )
+
+
+def benchmark_threads() -> int:
+    """Worker threads of IREE's local-task device here: one per physical core by default."""
+    return os.cpu_count() or 1
+
+
+class ToolFailure(Exception):
+    """An IREE tool exited non-zero or timed out; `line` is the first error line."""
+
+    def __init__(self, line: str):
+        super().__init__(line)
+        self.line = line
+
+
+def first_error_line(stderr: str) -> str:
+    lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
+    for ln in lines:
+        if "error:" in ln or "ERROR" in ln or "INVALID_ARGUMENT" in ln:
+            return ln
+    return lines[0] if lines else "failed without a message"
+
+
+def compile_module(mlir_path: Path, vmfb_path: Path, configs_dir: Path, timeout_s: float) -> None:
+    """iree-compile for this host's CPU; dumps the chosen executable configurations too."""
+    cmd = [
+        tool_path("iree-compile"),
+        str(mlir_path),
+        *_COMPILE_FLAGS,
+        f"--iree-hal-dump-executable-configurations-to={configs_dir}",
+        "-o",
+        str(vmfb_path),
+    ]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        raise ToolFailure(f"iree-compile timed out after {timeout_s:g} s") from None
+    if proc.returncode != 0:
+        raise ToolFailure(first_error_line(proc.stderr))
+
+
+def _dumped_attributes(configs_dir: Path, name: str) -> list[str]:
+    """The `name` attributes of the ops in IREE's executable-configuration dumps, in file and
+    op order, as MLIR prints them (the dumps are parsed with the real MLIR parser)."""
+    found: list[str] = []
+    with context():
+        for path in sorted(configs_dir.glob("*.mlir")):
+            module = ir.Module.parse(path.read_text())
+            found.extend(str(op.attributes[name]) for op in walk_ops(module.operation) if name in op.attributes)
+    return found
+
+
+def chosen_lowering_configs(configs_dir: Path) -> list[str]:
+    """The lowering configs IREE put on the ops of its dispatches."""
+    return _dumped_attributes(configs_dir, "lowering_config")
+
+
+def chosen_translation_infos(configs_dir: Path) -> list[str]:
+    """The translation_info attributes IREE gave the dispatch functions."""
+    return _dumped_attributes(configs_dir, "translation_info")
+
+
+# A static matmul: what IREE's CPU default chooses for it shows the pipeline options it uses on
+# this host. On x86 without AVX-512 it turns on loop peeling (remainders peeled, not masked); a
+# forced config without it compiles masked vectors, much slower than IREE's default at IREE's
+# own tile sizes (measured in the README).
+_PROBE_MATMUL = """
+func.func @probe(%a: tensor<64x64xf32>, %b: tensor<64x64xf32>, %c: tensor<64x64xf32>) -> tensor<64x64xf32> {
+  %r = linalg.matmul ins(%a, %b : tensor<64x64xf32>, tensor<64x64xf32>) outs(%c : tensor<64x64xf32>) -> tensor<64x64xf32>
+  return %r : tensor<64x64xf32>
+}
+"""
+
+
+@functools.cache
+def host_translation_info() -> str:
+    """The translation_info IREE's own CPU config gives a matmul on this host (pipeline and
+    options, e.g. `{enable_loop_peeling}` on AVX2), from one probe compile per process; the
+    plain DoubleTilingExpert one when the probe fails or IREE picks another pipeline (a forced
+    config is a DoubleTilingExpert config)."""
+    plain = translation_info_text()
+    with tempfile.TemporaryDirectory(prefix="tilesearch-probe-") as tmp:
+        workdir = Path(tmp)
+        (workdir / "probe.mlir").write_text(_PROBE_MATMUL)
+        try:
+            compile_module(workdir / "probe.mlir", workdir / "probe.vmfb", workdir / "configs", 120.0)
+            chosen = chosen_translation_infos(workdir / "configs")
+        except (ToolFailure, OSError, ir.MLIRError) as err:
+            log.warning("IREE's pipeline options on this host are unknown (%s); forcing %s", err, plain)
+            return plain
+    ours = [t for t in chosen if f"#iree_cpu.pipeline<{DEFAULT_PIPELINE}>" in t]
+    return ours[0] if ours else plain
+
+
+@dataclass(frozen=True)
+class BenchSamples:
+    real_s: list[float]  # wall time per call, one per repetition (mean over its runs)
+    cpu_s: list[float]  # process CPU time per call (all threads), same repetitions
+
+
+def benchmark_module(
+    vmfb_path: Path,
+    function: str,
+    input_flags: Sequence[str],
+    *,
+    repetitions: int,
+    min_time_s: float,
+    timeout_s: float,
+) -> BenchSamples:
+    """Seconds per call, one sample per repetition (each the mean over that repetition's runs)."""
+    cmd = [
+        tool_path("iree-benchmark-module"),
+        f"--module={vmfb_path}",
+        f"--device={_BENCH_DEVICE}",
+        f"--function={function}",
+        *input_flags,
+        f"--benchmark_repetitions={repetitions}",
+        f"--benchmark_min_time={min_time_s:g}s",
+        "--benchmark_format=json",
+    ]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        raise ToolFailure(f"iree-benchmark-module timed out after {timeout_s:g} s") from None
+    if proc.returncode != 0:
+        raise ToolFailure(first_error_line(proc.stderr or proc.stdout))
+    try:
+        report = json.loads(proc.stdout)
+    except json.JSONDecodeError:
+        raise ToolFailure("iree-benchmark-module printed no JSON report") from None
+    scale = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0}
+    runs = [b for b in report.get("benchmarks", []) if b.get("run_type") == "iteration"]
+    if not runs:
+        raise ToolFailure("iree-benchmark-module reported no iterations")
+    return BenchSamples(
+        real_s=[b["real_time"] * scale[b["time_unit"]] for b in runs],
+        cpu_s=[b["cpu_time"] * scale[b["time_unit"]] for b in runs],
+    )
