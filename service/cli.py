@@ -519,7 +519,7 @@ def model_bench_cmd(
     as_json: bool = typer.Option(False, "--json", help="print JSON"),
 ) -> None:
     """Time the whole model compiled with and without the spec (iree-benchmark-module, interleaved)."""
-    from service.measure.iree import ToolFailure
+    from service.measure.tools import ToolFailure
     from service.model_tuning import ModelInputError, bench_model
 
     try:

@@ -1112,7 +1112,7 @@ def _band_levels(root: Node) -> dict[int, int]:
 
 def _plan_chose_vector_tile(c: Compute, level: int) -> bool:
     """Whether the plan, not IREE, chose this compute's vector tile: under two plan levels or
-    more, IREE's vector tile is the plan's second level (service.measure.iree's mapping).
+    more, IREE's vector tile is the plan's second level (service.measure.lowering's mapping).
     - In a loop carrying its accumulator under a distribution level, with no vector level
       between, the vector tile is the whole enclosing tile: a [32, 32] distribution tile with
       k = 2 is a 32x32 register tile (0.80x IREE's default on matmul_1024, Zen 3, where the

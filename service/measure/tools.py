@@ -25,7 +25,7 @@ from .lowering import DEFAULT_PIPELINE, translation_info_text
 
 log = logging.getLogger(__name__)
 
-_COMPILE_FLAGS = (
+HOST_COMPILE_FLAGS = (
     "--iree-hal-target-device=local",
     "--iree-hal-local-target-device-backends=llvm-cpu",
     "--iree-llvmcpu-target-cpu=host",
@@ -65,7 +65,7 @@ def compile_module(mlir_path: Path, vmfb_path: Path, configs_dir: Path, timeout_
     cmd = [
         tool_path("iree-compile"),
         str(mlir_path),
-        *_COMPILE_FLAGS,
+        *HOST_COMPILE_FLAGS,
         f"--iree-hal-dump-executable-configurations-to={configs_dir}",
         "-o",
         str(vmfb_path),

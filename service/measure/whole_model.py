@@ -16,14 +16,8 @@ from pathlib import Path
 
 from service.ir.mlir import context, ir, tool_path
 
-from .iree import (
-    _COMPILE_FLAGS,
-    ArgumentSpec,
-    ToolFailure,
-    benchmark_module,
-    first_error_line,
-    write_inputs,
-)
+from .forcing import ArgumentSpec, write_inputs
+from .tools import HOST_COMPILE_FLAGS, ToolFailure, benchmark_module, first_error_line
 
 _STRUCTURED_PREFIX = "linalg."
 
@@ -40,7 +34,7 @@ def _run_compile(args: list[str], timeout_s: float) -> None:
 def executable_sources(model: Path, out: Path, timeout_s: float = 300.0) -> str:
     """The model's host program and one hal.executable per unique dispatch, as IREE forms them
     for this CPU (any input IREE takes: linalg, torch, ...)."""
-    _run_compile([str(model), *_COMPILE_FLAGS, "--compile-to=executable-sources", "-o", str(out)], timeout_s)
+    _run_compile([str(model), *HOST_COMPILE_FLAGS, "--compile-to=executable-sources", "-o", str(out)], timeout_s)
     return out.read_text()
 
 
@@ -52,7 +46,7 @@ def input_program(model: Path, out: Path, timeout_s: float = 300.0) -> str:
 
 def compile_model(model: Path, vmfb: Path, configs_dir: Path, spec: Path | None = None,
                   timeout_s: float = 600.0) -> None:
-    args = [str(model), *_COMPILE_FLAGS, f"--iree-hal-dump-executable-configurations-to={configs_dir}", "-o", str(vmfb)]
+    args = [str(model), *HOST_COMPILE_FLAGS, f"--iree-hal-dump-executable-configurations-to={configs_dir}", "-o", str(vmfb)]
     if spec is not None:
         args.append(f"--iree-codegen-tuning-spec-path={spec}")
     _run_compile(args, timeout_s)

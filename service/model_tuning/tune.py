@@ -28,14 +28,9 @@ from service.ir.analysis import analyze
 from service.ir.dispatch import Dispatch, dispatches_of
 from service.ir.errors import IRError
 from service.ir.graph import OpGraph, TileableOp
-from service.measure.iree import (
-    ToolFailure,
-    compilation_info_text,
-    host_translation_info,
-    lowering_config_from_levels,
-    lowering_config_text,
-    write_inputs,
-)
+from service.measure.forcing import write_inputs
+from service.measure.lowering import compilation_info_text, lowering_config_from_levels, lowering_config_text
+from service.measure.tools import ToolFailure, host_translation_info
 from service.measure.tuning_spec import ContractionDims, ContractionMatcher, contraction_dims, tuning_spec
 from service.measure.whole_model import (
     canonical_attribute,
