@@ -131,7 +131,7 @@ def measured(results: dict, rounds: int, top: int) -> str:
     With `top` > 0 the plan is the fastest measured of the search's `top` best predicted
     (`tune --measure-top`); the comparisons are fresh measurements, not the ones it won."""
     from service.measure.iree import BenchSettings, NotMeasurable, measure_plan_and_default
-    from service.measure.refine import refine, with_measured_choice
+    from service.search.refine import refine, with_measured_choice
     from service.search.shapes import parse_shape_hints
 
     rows, ratios, cpu_ratios, static = [], [], [], []

@@ -231,66 +231,6 @@ def test_cli_measure_prints_forced_and_default_medians(tmp_path):
 # ---- measure-in-the-loop refinement ---------------------------------------------------------
 
 
-def _tiny_tune(budget: int = 16):
-    from service.hardware.profiles import get_profile
-    from service.search.engine import tune
-
-    return tune(TINY_MATMUL, get_profile("host-cpu"), budget=budget, strategy="random", seed=0, workers=0)
-
-
-def test_the_super_tiling_baseline_is_never_a_plan_to_measure():
-    """It tiles for memory only; forced, its zeros make the whole distribution tile one vector
-    op, which IREE refuses ("large vector sizes (16384 bytes)" on AVX2)."""
-    from service.measure.refine import top_plans
-
-    result = _tiny_tune(16)
-    (baseline,) = [t for t in result.trials if t.source == "supertiling"]
-    fastest = min(t.latency_s for t in result.trials if t.latency_s is not None)
-    result.trials[result.trials.index(baseline)] = baseline.model_copy(update={"latency_s": fastest / 2})
-    assert baseline.plan_hash not in [h for _, h, _ in top_plans(result, 4)]
-
-
-def test_the_top_plans_are_distinct_feasible_and_in_predicted_order():
-    from service.measure.refine import top_plans
-
-    result = _tiny_tune(32)
-    top = top_plans(result, 4)
-    assert len(top) == 4 and len({h for _, h, _ in top}) == 4
-    # Distinct as IREE compiles them: a plan differing from the best only in its loop kinds
-    # (IREE distributes level 0 itself) is the same measurement.
-    best = next(t for t in result.trials if t.plan_hash == top[0][1])
-    flip = {"for": "forall", "forall": "for"}
-    twin = best.plan | {"groups": [g | {"levels": [lv | {"loop": flip[lv["loop"]]} for lv in g["levels"]]} for g in best.plan["groups"]]}
-    assert twin != best.plan
-    result.trials.append(best.model_copy(update={"plan": twin, "plan_hash": "twin", "latency_s": best.latency_s * 1.0001}))
-    assert "twin" not in [h for _, h, _ in top_plans(result, 4)]
-    assert [lat for _, _, lat in top] == sorted(lat for _, _, lat in top)
-    feasible = sorted(t.latency_s for t in result.trials if t.stage == "cost" and t.feasible and t.plan["groups"])
-    assert top[0][2] == feasible[0]
-
-
-def test_the_fastest_measured_plan_answers_not_the_fastest_predicted():
-    from service.measure.iree import Measurement
-    from service.measure.refine import MeasuredPlan, Refinement, top_plans, with_measured_choice
-
-    result = _tiny_tune()
-    top = top_plans(result, 2)
-
-    def timed(cpu: float) -> Measurement:
-        return Measurement(ok=True, median_s=cpu / 2, cpu_median_s=cpu, iree_version="test")
-
-    refinement = Refinement(candidates=[MeasuredPlan(plan=p, plan_hash=h, predicted_latency_s=lat, measured=timed(cpu))
-                                        for (p, h, lat), cpu in zip(top, (2e-3, 1e-3))],
-                            default=timed(3e-3), chosen=1)
-    answered = with_measured_choice(result, refinement)
-    assert answered.plan == top[1][0] and answered.plan_hash == top[1][1]
-    assert answered.predicted["latency_s"] == top[1][2]
-    assert answered.summary()["measured"]["chosen"] == 1
-    # Nothing measurable: the predicted best stands, and the answer says why.
-    kept = with_measured_choice(result, Refinement(not_measurable="convolution"))
-    assert kept.plan == result.plan and kept.summary()["measured"]["not_measurable"] == "convolution"
-
-
 def test_measure_top_refuses_what_it_cannot_measure(tmp_path):
     from typer.testing import CliRunner
 
