@@ -169,7 +169,7 @@ def _group_trials(result, group: str) -> list:
 
 def test_a_repeated_layer_starts_from_its_twins_best(host):
     """Encoder blocks repeat: a group with the same anchor op and knobs as one already searched
-    first tries that group's best (m10b, 6 layers, budget 200: 18% faster plan)."""
+    first tries that group's best."""
     r = tune(_two_layers(), host, budget=40, strategy="random", seed=0, workers=0)
     first = {g["anchor"]: g for g in r.plan["groups"]}[1]
     tried_first = {g["anchor"]: g for g in _group_trials(r, "g4")[0].plan["groups"]}[4]
@@ -258,8 +258,8 @@ def test_a_batched_contraction_whose_start_does_not_fit_is_searched():
 
 
 def test_a_time_limit_is_shared_by_the_groups(host):
-    """With --seconds and a budget it cannot reach, the first group once spent all the time and
-    left the others unsearched: a larger budget gave a worse plan (an FFN: 7.76 ms vs 5.33)."""
+    """With --seconds and a budget it cannot reach, the first group must not spend all the time
+    and leave the others unsearched (a larger budget would then give a worse plan)."""
     r = tune(_two_layers(), host, budget=100_000, seconds=3, strategy="tpe", seed=0, workers=0)
     assert not r.complete
     assert not any("were not searched" in w for w in r.warnings), r.warnings
@@ -329,8 +329,8 @@ def test_a_fill_shared_by_two_convs_is_copied_into_each_group():
 
 def test_a_plan_that_fits_is_found_when_the_start_does_not():
     """A ResNet block (pad -> conv3x3 -> bias/relu -> pad -> conv3x3 -> residual/relu) on a
-    256 KiB scratchpad: the start (64-wide tiles) overflows and so did all of 600 TPE candidates;
-    the smallest-footprint plan, tried first when the start does not fit, does fit."""
+    256 KiB scratchpad: the start (64-wide tiles) overflows, and so do most TPE candidates; the
+    smallest-footprint plan, tried first when the start does not fit, does fit."""
     npu = get_profile("npu-sram-256k")
     r = tune(RESNET_BLOCK, npu, budget=24, strategy="tpe", seed=0, workers=0)
     assert r.feasible, r.predicted.get("reasons")
