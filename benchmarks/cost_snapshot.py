@@ -25,7 +25,8 @@ sys.path.insert(0, str(ROOT))
 
 from service.hardware.profiles import get_profile  # noqa: E402
 from service.ir.analysis import analyze  # noqa: E402
-from service.search.engine import evaluate_plans, tune  # noqa: E402
+from service.search.engine import tune  # noqa: E402
+from service.search.evaluator import evaluate_plans  # noqa: E402
 from service.search.space import build_space  # noqa: E402
 
 WORKLOADS = ROOT.parent / "shared" / "workloads"
@@ -59,6 +60,7 @@ def snapshot(hardware_names: list[str], count: int, budget: int) -> dict:
             results = evaluate_plans(source, hw.model_dump_json(), hints, plans, exact=True)
             for r in results:
                 r.pop("seconds", None)
+                r.pop("failed_group", None)  # a rejection's group as a field: its reason names it too
             out["costs"][f"{path.stem}@{name}"] = [{"plan": p, "result": r} for p, r in zip(plans, results)]
             for strategy in STRATEGIES:
                 b = 24 if strategy == "exhaustive" else budget

@@ -132,7 +132,7 @@ def measured(results: dict, rounds: int, top: int) -> str:
     (`tune --measure-top`); the comparisons are fresh measurements, not the ones it won."""
     from service.measure.forcing import NotMeasurable
     from service.measure.timing import BenchSettings, measure_plan_and_default
-    from service.measure.refine import refine, with_measured_choice
+    from service.search.refine import refine, with_measured_choice
     from service.search.shapes import parse_shape_hints
 
     rows, ratios, cpu_ratios, static = [], [], [], []

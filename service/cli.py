@@ -365,7 +365,7 @@ def tune_cmd(
         except (IRError, SearchInputError) as exc:  # the input's fault; any other error is ours
             raise _ir_failure(exc) from None
     if measure_top:
-        from service.measure.refine import refine, with_measured_choice
+        from service.search.refine import refine, with_measured_choice
 
         if isinstance(source, bytes):
             raise _ir_failure(ValueError("--measure-top takes MLIR text, not bytecode"))

@@ -21,7 +21,8 @@ from sqlalchemy.pool import NullPool
 
 from tests._shared import REFERENCE_HOST_CACHES, REFERENCE_HOST_CPUINFO, write_cpu_sysfs
 
-from service.hardware.profiles import detect_host_cpu, save_profile
+from service.hardware.model import HardwareModel
+from service.hardware.profiles import detect_host_cpu, get_profile, save_profile
 from service.store import migrate
 from service.store.db import make_engine, make_sessionmaker, normalize_url
 
@@ -44,6 +45,12 @@ def _isolated_hardware_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator
         os.environ.pop("TILESEARCH_HARDWARE_DIR", None)
     else:
         os.environ["TILESEARCH_HARDWARE_DIR"] = previous
+
+
+@pytest.fixture(scope="module")
+def host() -> HardwareModel:
+    """The `host-cpu` profile (pinned to the reference host above), for the search tests."""
+    return get_profile("host-cpu")
 
 
 @pytest.fixture(scope="session")

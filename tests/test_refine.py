@@ -1,5 +1,5 @@
 """Measure-in-the-loop refinement: the search's top predicted plans timed with IREE, the fastest
-measured answers (service.measure.refine, and `tune --measure-top`)."""
+measured answers (service.search.refine, and `tune --measure-top`)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from service.cli import app
 from service.hardware.profiles import detect_host_cpu, get_profile, save_profile
-from service.measure.refine import MeasuredPlan, Refinement, top_plans, with_measured_choice
+from service.search.refine import MeasuredPlan, Refinement, top_plans, with_measured_choice
 from service.measure.timing import Measurement
 from service.search.engine import tune
 

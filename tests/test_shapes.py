@@ -9,12 +9,16 @@ import pytest
 from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
+import service.search.engine as engine
 from _shared import WORKLOADS
 from service.api.app import create_app
 from service.cli import app
 from service.config import Settings
+from service.hardware.cost import cost_of_plan
 from service.hardware.profiles import get_profile
 from service.ir.analysis import analyze
+from service.ir.mlir import context, ir
+from service.measure.forcing import function_arguments as measured_arguments
 from service.search.engine import tune
 from service.search.shapes import (
     ShapeHintError,
@@ -24,6 +28,8 @@ from service.search.shapes import (
     parse_buckets,
     parse_shape_hints,
 )
+from service.search.space import build_space
+from service.search.tasks import check_search_shapes
 
 DYNAMIC_MATMUL = (WORKLOADS / "dynamic_matmul.mlir").read_text()  # (%x: tensor<?x1024xf32>, %w: tensor<1024x1024xf32>)
 MATMUL = (WORKLOADS / "matmul_1024.mlir").read_text()  # static
@@ -169,8 +175,6 @@ def test_cli_unknown_strategy_exits_2_with_the_choices():
 def test_cli_a_search_bug_is_not_reported_as_bad_input(monkeypatch):
     """An internal ValueError (once: Optuna refusing a starting value outside a knob) is ours:
     not exit 2 with an "error:" line that reads as the input's fault."""
-    import service.search.engine as engine
-
     def broken(*args, **kwargs):
         raise ValueError("'0' not in (1,).")
 
@@ -219,8 +223,6 @@ def test_api_takes_both_hint_forms_and_rejects_misfits_with_422(migrated_url, tm
 
 
 def test_one_bucketed_dim_per_search():
-    from service.search.tasks import check_search_shapes
-
     with pytest.raises(ShapeHintError, match="one bucketed dim per search"):
         check_search_shapes(DYNAMIC_MATMUL, None, {"M": [1, 16], "arg0.0": [2, 4]})
     with pytest.raises(ShapeHintError, match="one bucketed dim per search"):
@@ -230,9 +232,6 @@ def test_one_bucketed_dim_per_search():
 def test_a_bucket_over_a_hinted_dim_says_it_wins():
     """`--bucket M=... --shape-hint arg0=...` on the same dim: the bucket values are used, and
     the answer says so (it did silently)."""
-    from service.hardware.profiles import get_profile
-    from service.search.engine import tune
-
     src = (WORKLOADS / "dynamic_matmul.mlir").read_text()
     host = get_profile("host-cpu")
     both = tune(src, host, budget=8, strategy="random", workers=0, shape_hints=["arg0=64x1024"], buckets=["M=1,16"])
@@ -286,10 +285,6 @@ def test_hints_for_one_function_are_checked_against_that_function(hints, message
 
 
 def test_a_function_qualified_hint_sizes_only_its_function_and_wins_there():
-    from service.hardware.cost import cost_of_plan
-    from service.measure.forcing import function_arguments as measured_arguments
-    from service.search.space import build_space
-
     analysis = analyze(TWO_FUNCTIONS)
     hints = parse_shape_hints(["arg0=32x64", "@heads.arg0=4x8x16"])
     assert hints == {"arg0": [32, 64], "heads.arg0": [4, 8, 16]}
@@ -311,7 +306,6 @@ def test_a_function_qualified_hint_sizes_only_its_function_and_wins_there():
     defaulted = cost_of_plan(TWO_FUNCTIONS, plan, "host-cpu", {"rows.arg0": [32, 64]})
     assert defaulted["flops"] == 2 * 32 * 32 * 64 + 128 * 8 * 16
     assert "arg0 dim 0 of @heads is dynamic and has no shape hint: assumed 128" in defaulted["notes"]
-    from service.ir.mlir import context, ir
     with context():
         module = ir.Module.parse(TWO_FUNCTIONS)
         funcs = {ir.StringAttr(op.attributes["sym_name"]).value: op for op in module.body.operations}

@@ -41,8 +41,9 @@ from service.measure.whole_model import (
     model_arguments,
     time_models,
 )
-from service.search.engine import TuneResult, tune
-from service.measure.refine import refine
+from service.search.engine import tune
+from service.search.results import TuneResult
+from service.search.refine import refine
 from service.search.task_scheduler import TaskState, schedule
 
 ProgressFn = Callable[[str, int, int], None]  # (dispatch name, slices done, slices in all)

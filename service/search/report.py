@@ -9,7 +9,7 @@ from service.ir.analysis import analyze
 from service.ir.plan import Plan
 from service.ir.transform import apply_plan
 
-from .engine import TuneResult
+from .results import TuneResult
 
 
 def _ms(latency: float | None) -> str:

@@ -1,7 +1,7 @@
 """The tile-and-fuse candidate space: tile groups grown around anchors, and their knobs.
 
 A group is an anchor (contraction, convolution, reduction; then any op that does not fit memory
-untiled, seed 000's rule) grown by diffusion (seed 001): a BFS over producers AND consumers that
+untiled, as in super tiling) grown by diffusion fusion: a BFS over producers AND consumers that
 stops at ops the IR core cannot fuse, each stop recorded with its reason. Fuse-group members
 always join together. Knobs per group mirror IREE's CPU levels (and any memory hierarchy):
   level 0: parallel tile sizes of the anchor + loop kind (forall distributes over cores),
@@ -25,6 +25,8 @@ from service.ir.graph import OpGraph, TileableOp
 from service.ir.hints import hint_for
 from service.ir.plan import Group, Level, Plan
 from service.ir.transform import layout_group
+
+from .knobs import fuse_knob, group_name, group_of, loop_knob, tile_knob
 
 ANCHOR_KINDS = ("contraction", "convolution", "reduction")
 # 5: shared fills get a copy per reader (service/ir/graph.py), which renumbers the ops after them.
@@ -67,7 +69,8 @@ class ShapeContext:
 
 
 def op_bytes(op: TileableOp, shapes: ShapeContext) -> int:
-    """Seed 000's footprint of an untiled op: the sum of its tensor operands and results."""
+    """The footprint of an untiled op (super tiling's measure): the sum of its tensor operands
+    and results."""
     ranges = shapes.loop_ranges(op)
     total = 0
     for shape_list, etype in zip(op.operand_shapes, op.operand_element_types):
@@ -132,7 +135,7 @@ class GroupSpec:
 
     @property
     def name(self) -> str:
-        return f"g{self.anchor}"
+        return group_name(self.anchor)
 
     @property
     def ops(self) -> list[int]:
@@ -141,11 +144,11 @@ class GroupSpec:
         return sorted({self.anchor, *self.fixed, *self.optional, *units})
 
     def knobs(self) -> list["Knob"]:
-        ks = [Knob(f"{self.name}.outer.d{d}", c) for d, c in self.outer_choices.items()]
-        ks.append(Knob(f"{self.name}.outer.loop", ["forall", "for"]))
-        ks += [Knob(f"{self.name}.inner.d{d}", c) for d, c in self.inner_choices.items()]
-        ks += [Knob(f"{self.name}.red.d{d}", c) for d, c in self.reduction_choices.items()]
-        ks += [Knob(f"{self.name}.fuse.{u}", [True, False]) for u in self.optional]
+        ks = [Knob(tile_knob(self.name, "outer", d), c) for d, c in self.outer_choices.items()]
+        ks.append(Knob(loop_knob(self.name), ["forall", "for"]))
+        ks += [Knob(tile_knob(self.name, "inner", d), c) for d, c in self.inner_choices.items()]
+        ks += [Knob(tile_knob(self.name, "red", d), c) for d, c in self.reduction_choices.items()]
+        ks += [Knob(fuse_knob(self.name, u), [True, False]) for u in self.optional]
         return ks
 
     def size(self) -> int:
@@ -167,11 +170,11 @@ class GroupSpec:
         inner = [0] * rank
         red = [0] * rank
         for d in self.outer_choices:
-            outer[d] = params[f"{self.name}.outer.d{d}"]
+            outer[d] = params[tile_knob(self.name, "outer", d)]
         for d in self.inner_choices:
-            inner[d] = params[f"{self.name}.inner.d{d}"]
+            inner[d] = params[tile_knob(self.name, "inner", d)]
         for d in self.reduction_choices:
-            red[d] = params[f"{self.name}.red.d{d}"]
+            red[d] = params[tile_knob(self.name, "red", d)]
         why = self._fit_vector_tile(outer, inner, red)
         if why is not None:
             return why
@@ -180,7 +183,7 @@ class GroupSpec:
         # Levels are positional (distribution, vector parallel, vector reduction, as IREE's CPU
         # config): an untiled level stays as zeros unless nothing follows it.
         levels = [
-            Level(tile_sizes=outer, loop=params[f"{self.name}.outer.loop"]),
+            Level(tile_sizes=outer, loop=params[loop_knob(self.name)]),
             Level(tile_sizes=inner, loop="for"),
             Level(tile_sizes=red, loop="for"),
         ]
@@ -191,10 +194,10 @@ class GroupSpec:
         # BFS order: an optional op joins only when the member it was reached from has joined
         # (a broadcast feeding an un-fused add would be a second sink).
         for u in self.optional:
-            if params.get(f"{self.name}.fuse.{u}", True) and self.optional_parent.get(u, self.anchor) in included:
+            if params.get(fuse_knob(self.name, u), True) and self.optional_parent.get(u, self.anchor) in included:
                 fuse += [v for v in self.optional_units.get(u, [u]) if v not in fuse]
                 included.add(u)
-        outer_loop = params[f"{self.name}.outer.loop"] if any(outer) else "for"
+        outer_loop = params[loop_knob(self.name)] if any(outer) else "for"
         shared = [u for u in fuse if self.outside_consumers.get(u)]
         if shared and (not any(outer) or outer_loop == "for"):
             # MLIR 3.13 aborts the process (LLVM ERROR in SmallVector) fusing a producer that has
@@ -250,10 +253,9 @@ class GroupSpec:
     def default_params(self) -> dict:
         """A modest starting point: 64-wide distribution tiles, everything optional fused. A
         contraction gets register tiles of 8 rows x 2 vectors with a reduction tile of 2 (as
-        IREE's default picks rows and vectors for its host), measured the best or near it on
-        1024-deep matmuls on a Zen 3 (8x16, AVX2) and an Intel Xeon (8x32, AVX-512); other
-        anchors get the vector tile the repair makes of untiled inner levels. Without it a
-        contraction started from 16x16 tiles at k = 8 (32 ymm accumulators with AVX2)."""
+        IREE's default picks rows and vectors for its host; the repair of untiled inner levels
+        would give it more accumulators than there are vector registers); other anchors get
+        the vector tile the repair makes of untiled inner levels."""
         p = self._one_level_params(lambda tiles: min(tiles, key=lambda s: abs(s - 64)))
         if self.anchor_kind != "contraction" or not self.inner_choices:
             return p
@@ -268,9 +270,9 @@ class GroupSpec:
                 pick = min(choices, key=lambda c: abs(c - 8))
             else:  # batch-like dims
                 pick = min(choices)
-            p[f"{self.name}.inner.d{d}"] = pick
+            p[tile_knob(self.name, "inner", d)] = pick
         for d, choices in self.reduction_choices.items():
-            p[f"{self.name}.red.d{d}"] = min((c for c in choices if c), key=lambda c: abs(c - 2), default=0)
+            p[tile_knob(self.name, "red", d)] = min((c for c in choices if c), key=lambda c: abs(c - 2), default=0)
         return p
 
     def smallest_params(self) -> dict:
@@ -281,14 +283,14 @@ class GroupSpec:
     def _one_level_params(self, pick: Callable[[list[int]], int]) -> dict:
         p: dict = {}
         for d, c in self.outer_choices.items():
-            p[f"{self.name}.outer.d{d}"] = pick([s for s in c if s] or c)
-        p[f"{self.name}.outer.loop"] = "forall"
+            p[tile_knob(self.name, "outer", d)] = pick([s for s in c if s] or c)
+        p[loop_knob(self.name)] = "forall"
         for d, c in self.inner_choices.items():  # untiled where the knob allows it (a batch dim: 1)
-            p[f"{self.name}.inner.d{d}"] = 0 if 0 in c else min(c)
+            p[tile_knob(self.name, "inner", d)] = 0 if 0 in c else min(c)
         for d, c in self.reduction_choices.items():
-            p[f"{self.name}.red.d{d}"] = 0
+            p[tile_knob(self.name, "red", d)] = 0
         for u in self.optional:
-            p[f"{self.name}.fuse.{u}"] = True
+            p[fuse_knob(self.name, u)] = True
         return p
 
 
@@ -308,7 +310,7 @@ class SearchSpace:
     untiled: list[int]  # ops in no group (they fit memory, or could not be grouped)
     notes: list[str]
     shapes: ShapeContext
-    # Standalone tilings settled by applying them (engine): uid -> the group to use, or None
+    # Standalone tilings settled by applying them (service.search.start): uid -> the group to use, or None
     # when MLIR cannot tile the op on its own (tensor.concat along its concat dim).
     standalone: dict[int, Group | None] = field(default_factory=dict)
 
@@ -321,7 +323,7 @@ class SearchSpace:
     def to_plan(self, params: dict) -> Plan | str:
         """Plan for a full assignment; params missing for a group leave that group untiled."""
         groups = []
-        present = {k.partition(".")[0] for k in params}  # knob names are "<group name>.<knob>"
+        present = {group_of(k) for k in params}
         for g in self.groups:
             if g.name not in present:
                 continue
@@ -347,9 +349,8 @@ def outer_sizes(extent: int, min_size: int = 32, max_choices: int = 6, dynamic: 
     """0 (untiled) + powers of two and divisors of the extent below it, largest kept first.
 
     A dynamic dim (`extent` is its hint) is never left untiled: its tiles then get a static
-    upper bound (affine.min), which vectorization needs for static vector sizes. In its place,
-    one tile of the whole hinted extent. Measured with IREE (dynamic_matmul, M = 128 at run
-    time): distribution [0, 128] took 5.7 ms CPU where [128, 32] took 4.8 and [64, 64] 4.7."""
+    upper bound (affine.min), which vectorization needs for static vector sizes (IREE runs an
+    untiled dynamic dim slower; README). In its place, one tile of the whole hinted extent."""
     min_size = min(min_size, max(1, extent // 4))  # small dims still get a few choices
     sizes = {s for s in _pow2_upto(extent, min_size)}
     sizes |= {d for d in range(min_size, extent) if extent % d == 0 and (extent // d) <= 64}
@@ -366,14 +367,10 @@ def inner_sizes(extent: int, vector_elems: int, innermost: bool, many_dims: bool
     """Register-level tiles: multiples of the vector width on the innermost dim, small elsewhere
     (and 1 when the anchor has many parallel dims, e.g. convolutions, to fit a vector tile).
     A contraction's batch dim gets 1, as in IREE's default: a register tile spanning several
-    batches multiplies the accumulators and shares no load between them. Measured (AMD Zen 3,
-    AVX2, attention_scores under [2, 0, 32] distribution tiles, CPU time, paired): [0, 4, 16]
-    (both batches of the tile: 16 accumulators) ran 0.84x IREE's default, [1, 4, 16] 1.18x.
+    batches multiplies the accumulators and shares no load between them.
     A contraction's rows (`rows`) may also be 6: 6 rows of 2 vectors are 12 accumulators, the
     FMA pipeline's depth, in 15 of 16 AVX2 registers with B's row and A's broadcast (BLIS's AVX2
-    kernel); 8 spill and 4 leave the FMA units idle. Measured (Zen 2, CPU time, paired with
-    IREE's default, medians of 2): attention_scores [1, 6, 16] at k = 2 1.16x, where 4x16 ran
-    1.02x and 8x16 0.70x; matmul_1024 6x16 1.47-1.57x, 8x16 1.47x."""
+    kernel); 8 spill and 4 leave the FMA units idle."""
     if batch:
         return [1]
     if innermost:
@@ -384,8 +381,8 @@ def inner_sizes(extent: int, vector_elems: int, innermost: bool, many_dims: bool
 
 
 def reduction_sizes(extent: int) -> list[int]:
-    """Reduction tiles of the vector level: 1 (A broadcast straight from memory, measured among
-    the best on this CPU with wide register tiles) up to 128."""
+    """Reduction tiles of the vector level: 1 (A broadcast straight from memory, which suits
+    wide register tiles) up to 128."""
     return [0, *[s for s in _pow2_upto(extent, 1) if s <= 128]]
 
 
@@ -549,8 +546,9 @@ def build_space(graph: OpGraph, hardware: HardwareModel, shape_hints: dict[str, 
 
 
 def standalone_group(graph: OpGraph, uid: int, shapes: ShapeContext, hardware: HardwareModel) -> Group | None:
-    """A left-out op that does not fit memory, tiled on its own (seed 000's multi-consumer fix):
-    parallel dims halved until one tile fits the available memory, distributed with forall."""
+    """A left-out op that does not fit memory, tiled on its own (as super tiling does for a
+    multi-consumer producer): parallel dims halved until one tile fits the available memory,
+    distributed with forall."""
     op = graph.op(uid)
     total = op_bytes(op, shapes)
     limit = available_memory(hardware)

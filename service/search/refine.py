@@ -1,10 +1,10 @@
 """Measure-in-the-loop refinement: the cost model ranks, IREE decides among the top few.
 
-The model orders plans well (README, cost model fidelity: median Spearman rho 0.94) but within
-10% of the best its order is as good as the measurement noise allows, and it misses what it
-does not model (IREE's dynamic-shape codegen, fused epilogues). So, like an autotuner, measure
-the K distinct feasible plans the search predicted fastest on this machine, with IREE, in
-alternating rounds beside IREE's default, and answer with the fastest measured.
+The model orders plans well (README, cost model fidelity) but near the best its order is as
+good as the measurement noise allows, and it misses what it does not model (IREE's
+dynamic-shape codegen, fused epilogues). So, like an autotuner, measure the K distinct feasible
+plans the search predicted fastest on this machine, with IREE, in alternating rounds beside
+IREE's default, and answer with the fastest measured.
 
 Ranked by CPU time per call (load-robust on a shared machine; wall time swings with others'
 load). The speedup of the chosen plan is biased upwards (it won a noisy contest); report
@@ -15,10 +15,10 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
-from service.search.engine import TuneResult
+from service.measure.forcing import NotMeasurable
+from service.measure.timing import BenchSettings, Measurement, measure_plans_and_default
 
-from .forcing import NotMeasurable
-from .timing import BenchSettings, Measurement, measure_plans_and_default
+from .results import TuneResult
 
 
 class MeasuredPlan(BaseModel):
@@ -55,7 +55,7 @@ def top_plans(result: TuneResult, k: int) -> list[tuple[dict, str, float]]:
     """The k feasible plans with the lowest predicted latency that IREE would compile
     differently: (plan, hash, latency). The harness forces tile sizes only (IREE forms its own
     dispatches and distributes level 0 itself), so plans that differ only in loop kinds or
-    fusion choices are one measurement. Seed 000's super-tiling baseline is not one of them: it
+    fusion choices are one measurement. The super-tiling baseline is not one of them: it
     tiles for memory only and leaves the vector tiles to the compiler, which a forced config
     cannot (its zeros make the whole distribution tile one vector op, and IREE refuses it:
     "large vector sizes")."""

@@ -1,0 +1,157 @@
+"""The candidate space: groups (fuse groups, multi-consumer producers), knobs and their values,
+and the plans they make."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from service.hardware.profiles import get_profile
+from service.ir.analysis import analyze
+from service.ir.errors import PlanError
+from service.ir.plan import Plan
+from service.ir.transform import check_plan
+from service.search.engine import tune
+from service.search.knobs import KnobName, fuse_knob, group_name, group_of, loop_knob, tile_knob
+from service.search.space import build_space
+
+from _shared import workload as source  # noqa: E402  (../shared beside the repo)
+
+
+def evaluated_plans(result) -> list[Plan]:
+    return [Plan.model_validate(t.plan) for t in result.trials if t.plan is not None]
+
+
+def test_fuse_groups_never_split(host):
+    graph = analyze(source("fuse_group")).graph
+    members = set(graph.fuse_groups[1])
+    space = build_space(graph, host)
+    assert any(set([g.anchor, *g.fixed]) >= members for g in space.groups)
+    r = tune(source("fuse_group"), host, budget=20, strategy="tpe", seed=0, workers=0)
+    for plan in evaluated_plans(r) + [Plan.model_validate(r.plan)]:
+        for g in plan.groups:
+            inside = members & set(g.members)
+            assert not inside or inside == members, plan.canonical_json()
+    assert r.feasible
+
+
+def test_multi_consumer_producer_is_tiled_or_charged(host):
+    graph = analyze(source("multi_consumer")).graph
+    space = build_space(graph, host)
+    grp = next(g for g in space.groups if 0 in g.optional)
+    assert grp.outside_consumers[0] == [1]
+    assert any("also feeds" in n for n in grp.notes)
+    r = tune(source("multi_consumer"), host, budget=20, strategy="tpe", seed=0, workers=0)
+    # (The engine's probes of one standalone tiling alone are not candidates.)
+    costed = [t for t in r.trials if t.stage == "cost" and t.plan and t.plan["groups"] and t.source != "standalone"]
+    assert costed
+    for t in costed:
+        owner = [g for g in t.plan["groups"] if 0 in [g["anchor"], *g["fuse"]]]
+        # Never silently ignored: op 0 is in a group; fused next to an outside consumer its
+        # full-size result is charged (recompute and/or un-fused bytes).
+        assert owner, t.plan
+        g = owner[0]
+        if g["anchor"] != 0 and 1 not in [g["anchor"], *g["fuse"]]:
+            assert t.cost["recompute_flops"] > 0 or t.cost["unfused_intermediate_bytes"] > 0
+
+
+@pytest.mark.parametrize("name", ["matmul_1024", "conv_relu", "attention_scores"])
+def test_knob_values_become_valid_plans(host, name):
+    # Every knob combination (a seeded sample) makes a group IREE can compile: inner tiles
+    # divide their outer tiles (but a contraction's rows: IREE peels the remaining rows) and the
+    # vector tile stays under the limit. Valid values pass through unchanged.
+
+    spec = build_space(analyze(source(name)).graph, host, {}).groups[0]
+    knobs = spec.knobs()
+    rng = random.Random(0)
+    combos = [{k.name: rng.choice(k.choices) for k in knobs} for _ in range(300)]
+    unchanged = six_rows = 0
+    for params in combos:
+        group = spec.to_group(params)
+        assert not isinstance(group, str), group
+        levels = [lv.tile_sizes for lv in group.levels] + [[0] * len(spec.ranges)] * (3 - len(group.levels))
+        outer, inner, red = levels[:3]
+        elems = 1
+        for d, kind in enumerate(spec.iterator_types):
+            span = outer[d] or spec.ranges[d]
+            if inner[d]:
+                assert inner[d] < span and (span % inner[d] == 0 or d in spec.peeled)
+            elems *= (inner[d] or span) if kind == "parallel" else (red[d] or spec.ranges[d])
+        assert elems * spec.elem_bytes < spec.vector_limit_bytes
+        asked = [params[f"{spec.name}.inner.d{d}"] for d in spec.inner_choices]
+        unchanged += asked == [inner[d] for d in spec.inner_choices]
+        six_rows += any(inner[d] == 6 for d in spec.peeled)
+    assert unchanged > 0
+    assert (six_rows > 0) == (name != "conv_relu")  # contractions only
+
+
+def test_an_op_with_a_zero_sized_dim_is_not_tiled(host):
+    """MLIR's tiling segfaults on a zero-sized loop; every candidate crashed a worker (25 s)."""
+    src = """
+func.func @zero(%x: tensor<0x512xf32>, %w: tensor<512x256xf32>, %acc: tensor<0x256xf32>) -> tensor<0x256xf32> {
+  %m = linalg.matmul ins(%x, %w : tensor<0x512xf32>, tensor<512x256xf32>) outs(%acc : tensor<0x256xf32>) -> tensor<0x256xf32>
+  return %m : tensor<0x256xf32>
+}"""
+    space = build_space(analyze(src).graph, host)
+    assert not space.groups and any("zero-sized" in n for n in space.notes)
+
+    with pytest.raises(PlanError, match="zero-sized"):
+        check_plan(analyze(src).graph, Plan.model_validate(
+            {"groups": [{"anchor": 0, "levels": [{"tile_sizes": [0, 64, 0], "loop": "forall"}]}]}))
+
+
+def test_a_register_tile_spans_one_batch_of_a_batched_contraction(host):
+    """Batches share no operand load: two in one register tile double the accumulators."""
+    (spec,) = build_space(analyze(source("attention_scores")).graph, host, {}).groups
+    assert spec.inner_choices[0] == [1]
+    assert len(spec.inner_choices[1]) > 2 and len(spec.inner_choices[2]) > 2  # M and N keep theirs
+    r = tune(source("attention_scores"), host, budget=40, strategy="random", seed=0, workers=0)
+    inner_tiles = [t.plan["groups"][0]["levels"][1]["tile_sizes"] for t in r.trials
+                   if t.source == "random" and t.plan and len(t.plan["groups"][0]["levels"]) > 1]
+    assert inner_tiles and all(tiles[0] == 1 for tiles in inner_tiles)
+
+
+@pytest.mark.parametrize("hardware", ["host-cpu", "npu-sram-256k"])
+@pytest.mark.parametrize("name", ["attention_scores", "matmul_1024", "conv_relu", "softmax", "mlp_chain"])
+def test_starting_knob_values_are_in_the_space(hardware, name):
+    """Optuna refuses a queued value outside a knob's choices (from inside a later ask): the
+    smallest plan once set a batch dim's register tile to 0 where 1 is the only choice."""
+    space = build_space(analyze(source(name)).graph, get_profile(hardware), {})
+    for spec in space.groups:
+        choices = {k.name: k.choices for k in spec.knobs()}
+        for params in (spec.default_params(), spec.smallest_params()):
+            assert all(v in choices[k] for k, v in params.items()), params
+
+
+@pytest.mark.parametrize("name, rows", [("matmul_1024", [8]), ("attention_scores", [1, 8])])
+def test_a_contraction_starts_from_register_tiles_of_8_rows_and_2_vectors(host, name, rows):
+    """As IREE picks for its host: 8 rows x 2 vectors at k = 2; the repair of untiled inner
+    levels would give 16x16 at k = 8 (32 ymm accumulators)."""
+    (spec,) = build_space(analyze(source(name)).graph, host, {}).groups
+    group = spec.to_group(spec.default_params())
+    vec = host.compute.vector_width_bytes // 4
+    assert group.levels[1].tile_sizes == [*rows, 2 * vec, 0]
+    assert group.levels[2].tile_sizes == [0] * (len(rows) + 1) + [2]
+
+
+def test_a_dynamic_dim_is_always_tiled_at_the_outer_level(host):
+    """Untiled, a dynamic dim leaves the vector tiles without a static bound."""
+    graph = analyze(source("dynamic_matmul")).graph
+    (spec,) = build_space(graph, host, {"arg0": [512, 1024]}).groups
+    assert 0 not in spec.outer_choices[0] and 512 in spec.outer_choices[0]
+    assert 0 in spec.outer_choices[1]  # N is static: untiled stays a choice
+    r = tune(source("dynamic_matmul"), host, budget=24, strategy="random", seed=0, workers=0, shape_hints=["arg0=512x1024"])
+    assert all(t.plan["groups"][0]["levels"][0]["tile_sizes"][0] > 0 for t in r.trials if t.source == "random" and t.plan and t.plan["groups"])
+
+
+def test_knob_names_are_made_and_read_by_one_helper(host):
+    spec = build_space(analyze(source("softmax")).graph, host, {}).groups[0]
+    assert spec.optional  # fuse switches too
+    for knob in spec.knobs():
+        name = KnobName.parse(knob.name)
+        assert str(name) == knob.name and name.group == group_of(knob.name) == spec.name == group_name(spec.anchor)
+    assert (tile_knob("g7", "outer", 0), loop_knob("g7"), fuse_knob("g7", 9)) == ("g7.outer.d0", "g7.outer.loop", "g7.fuse.9")
+    # A repeated layer's knobs play the same roles; fuse switches name different ops.
+    assert KnobName.parse("g7.fuse.9").role == KnobName.parse("g8.fuse.12").role != KnobName.parse("g7.outer.d0").role
+    assert KnobName.parse("g7.inner.d1").role == KnobName.parse("g8.inner.d1").role != KnobName.parse("g8.red.d1").role
