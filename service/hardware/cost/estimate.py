@@ -18,6 +18,7 @@ from ..profiles import get_profile
 from .analyzer import Analyzer
 from .latency import module_latency_s
 from .memory import outside_slices
+from .nest import Node
 from .nest_cost import cost_nest
 from .ops import LOOP_OPS, dps_inits, is_tileable, opname, ranked
 from .results import Cost, LevelCost, NestCost, kib
@@ -116,30 +117,14 @@ def estimate_cost(
                     for uid, f in per_uid.items():
                         executed_by_uid[uid] = executed_by_uid.get(uid, 0.0) + f
                     continue
-                notes_before, unfused_before = len(an.notes), unfused
-                root = an.new_node(None, "root", 1, None)
-                an.build_body(root, [op])
-                for r in op.results:  # the nest's results live in main memory, outside the nest
-                    an.value_node.pop(r, None)
-                # A zero-sized iteration space reads and writes nothing.
-                if is_tileable(op) and not any(c.points == 0 for c in root.computes):
-                    # A standalone op reads whole operands, and its results land in main memory.
-                    root.slices += [an.whole(an.resolve(o), root) for o in op.operands if ranked(o) is not None]
-                    root.slices += [an.whole(r, root, is_write=True) for r in op.results]
-                elif not is_tileable(op):
-                    # A loop nest's results are its insert_slices into their destinations,
-                    # counted there; only a result computed without any lands whole.
-                    written = {s.source for n in root.subtree() for s in n.slices if s.is_write}
-                    root.slices += [an.whole(r, root, is_write=True) for r, init in zip(op.results, dps_inits(op))
-                                    if an.resolve(init) not in written]
-                # Inputs produced by an earlier nest went through main memory (un-fused).
-                for s in outside_slices(root, an):
-                    if not s[0].is_write and s[0].source in produced_by_nest:
-                        unfused += s[0].source_bytes
+                notes_before = len(an.notes)
+                root = _nest_tree(an, op)
+                unfused_in = _unfused_input_bytes(root, an, produced_by_nest)
+                unfused += unfused_in
                 produced_by_nest.update(op.results)
                 nest, per_uid = cost_nest(root, op, an, hardware, reasons)
                 if key is not None and len(an.notes) == notes_before:
-                    memo.keep(key, (nest, per_uid, unfused - unfused_before))
+                    memo.keep(key, (nest, per_uid, unfused_in))
                 nests.append(nest)
                 flops_by_nest_uid.append(per_uid)
                 for uid, f in per_uid.items():
@@ -168,6 +153,36 @@ def estimate_cost(
             unfused_intermediate_bytes=unfused,
             nests=nests,
         )
+
+
+def _nest_tree(an: Analyzer, op) -> Node:
+    """The loop tree of one top-level nest (a loop, or a tileable op standing alone), with the
+    whole tensors it reads and writes outside any slice."""
+    root = an.new_node(None, "root", 1, None)
+    an.build_body(root, [op])
+    for r in op.results:  # the nest's results live in main memory, outside the nest
+        an.value_node.pop(r, None)
+    # A zero-sized iteration space reads and writes nothing.
+    if is_tileable(op) and not any(c.points == 0 for c in root.computes):
+        # A standalone op reads whole operands, and its results land in main memory.
+        root.slices += [an.whole(an.resolve(o), root) for o in op.operands if ranked(o) is not None]
+        root.slices += [an.whole(r, root, is_write=True) for r in op.results]
+    elif not is_tileable(op):
+        # A loop nest's results are its insert_slices into their destinations, counted there;
+        # only a result computed without any lands whole.
+        written = {s.source for n in root.subtree() for s in n.slices if s.is_write}
+        root.slices += [an.whole(r, root, is_write=True) for r, init in zip(op.results, dps_inits(op))
+                        if an.resolve(init) not in written]
+    return root
+
+
+def _unfused_input_bytes(root: Node, an: Analyzer, produced_by_nest: set) -> int:
+    """Bytes of the nest's inputs an earlier nest produced: they went through main memory."""
+    unfused = 0
+    for s, _ in outside_slices(root, an):
+        if not s.is_write and s.source in produced_by_nest:
+            unfused += s.source_bytes
+    return unfused
 
 
 def _sum_levels(nests: list[NestCost], hw: HardwareModel) -> list[LevelCost]:
