@@ -34,21 +34,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from service.hardware.model import Calibration, HardwareModel  # noqa: E402
 from service.hardware.profiles import get_profile  # noqa: E402
 from service.measure.cache import MeasurementCache  # noqa: E402
-from service.measure.calibrate import (  # noqa: E402
+from service.measure.calibration_fit import Predictor, fit_profile, with_calibration  # noqa: E402
+from service.measure.calibration_plans import (  # noqa: E402
     MAX_VECTOR_ELEMENTS,
     ContractionWorkload,
-    Predictor,
-    Sample,
-    fit_profile,
     iree_config_of,
-    TIMINGS,
     load_contraction_workloads,
-    finish_samples,
     max_vector_elements,
-    paired_sample,
     sample_plans,
-    with_calibration,
 )
+from service.measure.calibration_samples import TIMINGS, Sample, finish_samples, paired_sample  # noqa: E402
 from service.measure.timing import BenchSettings  # noqa: E402
 
 SETTINGS = BenchSettings(repetitions=3, min_time_s=0.05)  # same as calibrate: shares the cache

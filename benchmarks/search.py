@@ -77,8 +77,9 @@ def _cache() -> dict:
 
 
 def exhaustive_optimum(name: str, hw) -> tuple[float, int]:
-    # Keyed by the cost model's source too: a model change moves the optimum.
-    model_src = (ROOT / "service" / "hardware" / "cost.py").read_text()
+    # Keyed by the cost model's source too (every module of the package): a model change moves
+    # the optimum.
+    model_src = "".join(p.name + p.read_text() for p in sorted((ROOT / "service" / "hardware" / "cost").glob("*.py")))
     key = hashlib.sha256((src(name) + hw.content_hash() + SPACE_VERSION + model_src).encode()).hexdigest()[:16]
     cache = _cache()
     if key in cache:

@@ -14,20 +14,16 @@ import pytest
 
 from service.hardware.model import Calibration
 from service.hardware.profiles import get_profile  # the pinned reference host (conftest)
-from service.measure.calibrate import (
+from service.measure.calibrate import score
+from service.measure.calibration_fit import Predictor, fit_calibration, fit_profile, with_calibration, with_register_tile
+from service.measure.calibration_plans import (
     MAX_VECTOR_ELEMENTS,
-    Predictor,
-    Sample,
-    fit_calibration,
-    fit_profile,
     iree_config_of,
     load_contraction_workloads,
     max_vector_elements,
     sample_plans,
-    score,
-    with_calibration,
-    with_register_tile,
 )
+from service.measure.calibration_samples import Sample, normalize_to_default
 from service.measure.lowering import vector_tile_elements
 
 from _shared import WORKLOADS  # noqa: E402  (../shared beside the repo)
@@ -136,8 +132,6 @@ def test_fast_rescaled_prediction_equals_the_full_estimate(workloads):
 
 
 def test_paired_default_normalization_removes_a_load_burst():
-    from service.measure.calibrate import normalize_to_default
-
     # Same plan quality (plan = 0.5 x default); the second pair was timed under 2x load.
     samples = [
         Sample(workload="w", plan={"p": 1}, raw_s=0.010, default_s=0.020),

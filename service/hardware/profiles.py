@@ -126,11 +126,8 @@ def vector_width_from_flags(flags: set[str]) -> int:
 # current x86 server core; calibration fits efficiencies on top of them.
 _HOST_BANDWIDTH = {1: 200e9, 2: 100e9, 3: 60e9}
 _HOST_DRAM_BANDWIDTH = 25e9
-# No row limit on register tiles: what made tall tiles slow here is L1 set conflicts (cost.py,
-# _set_conflict_efficiency), read from sysfs below. Measured on AMD Zen 4 (L1d 32 KiB, 8 ways,
-# 64 B lines: one set every 4 KiB), 512x1024 matmul, [128, 128] / [vec] / [4]: with K = 1024
-# (rows 4 KiB apart, all in one set) 16x16 ran 2x and 32x16 5x slower than 8x32; with K = 1040
-# all three ran alike; with K = 512 (two sets) 16x16 ran alike and 32x16 2.5x slower.
+# No row limit on register tiles: what makes tall tiles slow is L1 set conflicts among the rows
+# of A (cost/registers.py), priced from the associativity read from sysfs below.
 # Flops per cycle per core per f32 lane: FMA (2) x 2 FMA pipes; at an effective 2 GHz this gives
 # 256 GFLOP/s for 2 AVX-512 cores, the ~257 GFLOP/s numpy reaches here on a 1024^3 matmul.
 _HOST_EFFECTIVE_HZ = 2.0e9
@@ -174,28 +171,22 @@ def detect_host_cpu(
             fma_pipeline_depth=_fma_pipeline_depth(vendor, family_model),
         ),
         loop_overhead_s=2e-9,
-        # The out-of-order core hides most of an innermost loop's bookkeeping, not all: a 1024^3
-        # matmul's 8x32 / 4x64 / 16x16 register tiles ran 5-7% slower at k = 1 than at k = 2-4
-        # (Intel Xeon, CPU time, paired), about 1/8 of loop_overhead_s per k step.
+        # The out-of-order core hides most of an innermost loop's bookkeeping, not all: about
+        # 1/8 of loop_overhead_s per step (fitted to k = 1 vs k = 2-4 register tiles).
         innermost_loop_overhead_fraction=0.125,
         # IREE's CPU backend refuses a vector op of nativeVectorSize x 512 bytes or more
         # (LLVMCPUVerifyVectorSizeLegality, iree-llvmcpu-max-allowed-number-of-native-vectors):
-        # 32 KiB with AVX-512, 16 KiB with AVX2 (an 8x16x32 f32 step failed on an AMD EPYC).
+        # 32 KiB with AVX-512, 16 KiB with AVX2.
         max_vector_tile_bytes=_IREE_MAX_NATIVE_VECTORS * vector_width,
     )
 
 
 def _fma_pipeline_depth(vendor: str, family_model: tuple[int, int] | None = None) -> int:
-    """Independent accumulators a register tile needs to keep the FMA units busy, measured.
-    Two FMA ports of latency 4 need 8 in theory; 12 in practice. Intel Xeon (AVX-512): 8x16
-    register tiles (8 accumulators, IREE's default) ran 1.4-1.6x slower than 8x32 and 4x64 (16)
-    on 1024^3, 256x2048x512 and attention matmuls (CPU time, paired). AMD Zen 3 (AVX2, 16 ymm):
-    on 1024-deep matmuls 8x16 tiles (16 accumulators, spilling 3 ymm) ran 1.25-1.35x faster
-    than 4x16 and 8x8 (8), the spill included: with 12 the model ranks them so.
-    AMD before Zen 2 (family 23, models below 0x30; Hygon's cores are these) has 128-bit FMA
-    units, one ymm FMA a cycle: 8. On a Zen 1 EPYC, 4x16 and 8x8 tiles ran 1.0-1.19x IREE's
-    default on attention where 16-accumulator ones ran 0.6-0.9x (fidelity regret 18% -> 8%
-    with 8). Unknown vendors and models get 12."""
+    """Independent accumulators a register tile needs to keep the FMA units busy. Two FMA ports
+    of latency 4 need 8 in theory; 12 in practice (8-accumulator tiles run measurably slower
+    than 16-accumulator ones on current x86 cores). AMD before Zen 2 (family 23, models below
+    0x30; Hygon's cores are these) has 128-bit FMA units, one ymm FMA a cycle: 8. Unknown
+    vendors and models get 12."""
     if vendor == "HygonGenuine":
         return 8
     if vendor == "AuthenticAMD" and family_model is not None and family_model[0] == 23 and family_model[1] < 0x30:
@@ -213,7 +204,7 @@ def _dram_bytes() -> int:
 # --- fixed profiles ----------------------------------------------------------------------------
 
 def npu_sram_256k() -> HardwareModel:
-    """Small-scratchpad accelerator (the seed's NSS): every tile must fit 256 KiB SRAM; DMA-bound."""
+    """Small-scratchpad accelerator (an NPU like super tiling's target): every tile must fit 256 KiB SRAM; DMA-bound."""
     return HardwareModel(
         name="npu-sram-256k",
         description="DRAM + 256 KiB software-managed SRAM; tiles move by DMA",

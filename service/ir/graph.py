@@ -396,21 +396,21 @@ def _non_structured_domain(op: ir.Operation) -> tuple[list[int | None], list[str
     return ranges, iterators, dynamic
 
 
-_FREE_OPS = frozenset({"linalg.yield", "linalg.index", "arith.constant", "arith.index_cast"})
+# Payload ops that are not arithmetic.
+NON_FLOP_PAYLOAD_OPS = frozenset({"linalg.yield", "linalg.index", "arith.constant", "arith.index_cast"})
+FLOP_DIALECTS = ("arith", "math", "complex")
 
 
-def _flops_per_point(op: ir.Operation) -> int:
-    """Arithmetic ops executed per iteration point: the ops in the payload region."""
-    if not op.regions or not op.regions[0].blocks:
-        return 0
+def flops_per_point(op: ir.Operation | ir.OpView) -> int:
+    """Arithmetic ops executed per iteration point: the arith/math/complex ops of the payload
+    (a matmul's mulf + addf = 2). The op graph and the cost model both count with this."""
     count = 0
-    for block in op.regions[0].blocks:
-        for inner in block.operations:
-            name = inner.operation.name
-            if name in _FREE_OPS:
-                continue
-            if name.split(".")[0] in ("arith", "math", "complex"):
-                count += 1
+    for region in op.regions:
+        for block in region.blocks:
+            for inner in block.operations:
+                name = inner.operation.name
+                if name.split(".")[0] in FLOP_DIALECTS and name not in NON_FLOP_PAYLOAD_OPS:
+                    count += 1
     return count
 
 
@@ -478,7 +478,7 @@ def describe_op(op: ir.Operation, uid: int) -> TileableOp:
     else:
         ranges, iterators, dynamic = _non_structured_domain(op)
         map_text, batch = None, []
-    flops = _flops_per_point(op)
+    flops = flops_per_point(op)
     return TileableOp(
         uid=uid,
         name=op.name,

@@ -1,0 +1,437 @@
+"""The walk of a tiled clone's function into loop-nest trees (nest.py), with the index
+arithmetic, shapes and dynamic extents it needs on the way."""
+
+from __future__ import annotations
+
+import logging
+import math
+from itertools import count
+
+from service.ir.graph import flops_per_point, uid_of
+from service.ir.hints import hint_for
+from service.ir.mlir import ir, linalg
+
+from .affine import compiled_map, eval_affine
+from .nest import Compute, Node, Slice
+from .ops import (
+    AFFINE_MAP_OPS,
+    DEFAULT_DYNAMIC_EXTENT,
+    DYNAMIC,
+    LOOP_OPS,
+    NO_DATA_OPS,
+    body_ops,
+    dps_inits,
+    element_bytes,
+    is_tileable,
+    op_name_of,
+    opname,
+    ranked,
+    through_slices,
+)
+
+log = logging.getLogger(__name__)
+
+
+class Analyzer:
+    """Walks one function of the tiled clone into loop-nest trees (build_body), sizing what it
+    meets: static index values, shapes with their dynamic dims, loop trips, slices, computes.
+    Holds the value -> node maps of the walk and the per-node caches of memory.py."""
+
+    def __init__(self, shape_hints: dict[str, object] | None, func):
+        self.hints = _normalize_hints(shape_hints or {})
+        self.func = func
+        self.notes: list[str] = []
+        self.ids = count()
+        self.iv_node: dict[ir.Value, int] = {}
+        self.value_node: dict[ir.Value, Node] = {}
+        self.nodes: dict[int, Node] = {}
+        args = list(func.regions[0].blocks[0].arguments)
+        self.func_name = ir.StringAttr(func.attributes["sym_name"]).value
+        self.arg_index = {a: i for i, a in enumerate(args)}
+        self.intermediate_peaks: dict[int, int] = {}  # node id -> memory.intermediate_peak
+        self.outside: dict[int, list] = {}  # node id -> memory.outside_slices
+        # Dynamic dims sized by walking the IR (tensor.dim of a slice of an empty sized by an
+        # affine.min ...): the same values are asked for again and again, and the IR does not
+        # change while it is analysed.
+        self.dynamic_shapes: dict[ir.Value, list[int]] = {}
+        self.index_values: dict[ir.Value, int | None] = {}  # int_value of op results
+
+    # ----- values
+    def int_value(self, v: ir.Value) -> int | None:
+        """A static index value, or None when it depends on an induction variable."""
+        if v in self.index_values:
+            return self.index_values[v]
+        if isinstance(v, ir.OpResult):
+            self.index_values[v] = self._int_value_of_result(v)
+            return self.index_values[v]
+        return None
+
+    def _int_value_of_result(self, v: ir.OpResult) -> int | None:
+        op = v.owner
+        name = opname(op)
+        if name == "arith.constant":
+            return ir.IntegerAttr(op.attributes["value"]).value
+        if name == "tensor.dim":
+            src, idx = op.operands
+            i = self.int_value(idx)
+            return None if i is None else self.shape(src)[i]
+        if name in AFFINE_MAP_OPS:
+            n_dims, results = compiled_map(op.attributes["map"])
+            args = [self.int_value(o) for o in op.operands]
+            vals = [eval_affine(e, args, n_dims) for e in results]
+            known = [x for x in vals if x is not None]
+            if name == "affine.min" and known:
+                return min(known)  # a tile-size bound: the full tile is the common case
+            if name == "affine.max" and known:
+                return max(known)
+            return vals[0] if len(vals) == 1 else None
+        if name in ("arith.addi", "arith.subi", "arith.muli", "arith.ceildivsi", "arith.divsi", "arith.minsi", "arith.minui"):
+            a, b = (self.int_value(o) for o in op.operands)
+            if a is None or b is None:
+                return None
+            return {"arith.addi": a + b, "arith.subi": a - b, "arith.muli": a * b,
+                    "arith.ceildivsi": -(-a // b), "arith.divsi": a // b,
+                    "arith.minsi": min(a, b), "arith.minui": min(a, b)}[name]
+        if name == "arith.index_cast":
+            return self.int_value(op.operands[0])
+        return None
+
+    def shape(self, v: ir.Value) -> list[int]:
+        t = ranked(v)
+        if t is None:
+            return []
+        dims = list(t.shape)
+        if DYNAMIC not in dims:
+            return dims
+        if v not in self.dynamic_shapes:
+            self.dynamic_shapes[v] = [self.dynamic_extent(v, i) if d == DYNAMIC else d for i, d in enumerate(dims)]
+        return list(self.dynamic_shapes[v])
+
+    def dynamic_extent(self, v: ir.Value, dim: int) -> int:
+        v = self.resolve(v)
+        if isinstance(v, ir.BlockArgument) and v in self.arg_index:
+            index = self.arg_index[v]
+            hint = hint_for(self.hints, self.func_name, index)
+            if hint is not None:
+                return hint[dim] if dim < len(hint) else hint[-1]
+            self._note(f"arg{index} dim {dim} of @{self.func_name} is dynamic and has no shape hint: "
+                       f"assumed {DEFAULT_DYNAMIC_EXTENT}")
+            return DEFAULT_DYNAMIC_EXTENT
+        if isinstance(v, ir.OpResult):
+            op = v.owner
+            if opname(op) == "tensor.empty":
+                t = ir.RankedTensorType(v.type)
+                dyn_index = sum(1 for d in list(t.shape)[:dim] if d == DYNAMIC)
+                n = self.int_value(op.operands[dyn_index])
+                if n is not None:
+                    return n
+            elif opname(op) == "tensor.extract_slice":
+                sizes = self.slice_sizes(op)
+                return sizes[dim] if dim < len(sizes) else DEFAULT_DYNAMIC_EXTENT
+            elif opname(op) == "tensor.pad":
+                view = op.opview
+                low = self._static_or_int(op, "static_low", view.low)
+                high = self._static_or_int(op, "static_high", view.high)
+                return self.shape(op.operands[0])[dim] + low[dim] + high[dim]
+            elif opname(op).startswith("linalg.") or opname(op) in LOOP_OPS:  # destination-style
+                inits = dps_inits(op)
+                if v.result_number < len(inits):
+                    return self.shape(inits[v.result_number])[dim]
+        self._note(f"a dynamic dim of {op_name_of(v)} could not be sized: assumed {DEFAULT_DYNAMIC_EXTENT}")
+        return DEFAULT_DYNAMIC_EXTENT
+
+    def _note(self, text: str) -> None:
+        # Debug only: the note travels in Cost.notes, and a search estimates thousands of
+        # plans (its caller states the assumption once, e.g. the engine's warnings).
+        if text not in self.notes:
+            self.notes.append(text)
+            log.debug(text)
+
+    def resolve(self, v: ir.Value) -> ir.Value:
+        """Follow loop-carried tensors (iter_args, shared_outs) back to the tensor they alias."""
+        while isinstance(v, ir.BlockArgument):
+            owner = v.owner.owner
+            if owner is None:
+                return v
+            name = opname(owner)
+            n = v.arg_number
+            if name == "scf.for" and n >= 1:
+                v = owner.operands[3 + n - 1]
+            elif name == "scf.forall":
+                rank = len(ir.DenseI64ArrayAttr(owner.attributes["staticUpperBound"]))
+                if n < rank:
+                    return v
+                v = owner.opview.outputs[n - rank]
+            else:
+                return v
+        return v
+
+    def slice_sizes(self, op) -> list[int]:
+        """Sizes of a tensor.extract_slice, dynamic ones as ints where known."""
+        return self.slice_operands(op, first=1)[2]
+
+    def slice_operands(self, op, first: int) -> tuple[list[int], list, list[int]]:
+        """(static offsets, dynamic offset values, sizes) of a slice op. Its offset and size
+        operands follow its first `first` operands (the source, and the dest of an insert), one
+        per dynamic entry of static_offsets / static_sizes: read directly, without an OpView and
+        its segment-size attribute (the cost model's hottest path)."""
+        operands = list(op.operands)
+        static_offsets = list(ir.DenseI64ArrayAttr(op.attributes["static_offsets"]))
+        static_sizes = list(ir.DenseI64ArrayAttr(op.attributes["static_sizes"]))
+        n_offsets = sum(1 for s in static_offsets if s == DYNAMIC)
+        n_sizes = sum(1 for s in static_sizes if s == DYNAMIC)
+        dynamic_offsets = operands[first:first + n_offsets]
+        sizes = self._mixed_ints(static_sizes, operands[first + n_offsets:first + n_offsets + n_sizes])
+        return static_offsets, dynamic_offsets, sizes
+
+    def _static_or_int(self, op, attr: str, dynamic_values) -> list[int]:
+        """An op's mixed static/dynamic list (sizes, pads), dynamic entries as static ints where
+        known, else the default extent."""
+        return self._mixed_ints(ir.DenseI64ArrayAttr(op.attributes[attr]), list(dynamic_values))
+
+    def _mixed_ints(self, static, dynamic: list) -> list[int]:
+        out = []
+        i = 0
+        for s in static:
+            if s == DYNAMIC:
+                n = self.int_value(dynamic[i])
+                i += 1
+                out.append(n if n is not None else DEFAULT_DYNAMIC_EXTENT)
+            else:
+                out.append(s)
+        return out
+
+    def deps(self, values) -> frozenset[int]:
+        """Loop nodes whose induction variables flow into these index values."""
+        found: set[int] = set()
+        stack = list(values)
+        seen = set()
+        while stack:
+            v = stack.pop()
+            if v in seen:
+                continue
+            seen.add(v)
+            if v in self.iv_node:
+                found.add(self.iv_node[v])
+            elif isinstance(v, ir.OpResult) and not v.owner.regions:
+                stack.extend(v.owner.operands)
+        return frozenset(found)
+
+    def offset_key(self, v: ir.Value):
+        if v in self.iv_node:
+            return ("iv", self.iv_node[v], v.arg_number)
+        c = self.int_value(v)
+        if c is not None:
+            return c
+        if isinstance(v, ir.OpResult) and opname(v.owner) in AFFINE_MAP_OPS:
+            # Attributes are uniqued in their context: the same map is the same attribute.
+            return (opname(v.owner), v.owner.attributes["map"], tuple(self.offset_key(o) for o in v.owner.operands))
+        # Anything else (affine.delinearize_index from fusion across a collapse_shape, ...):
+        # the value itself, so only slices at this very offset count as the same tile.
+        return ("v", v)
+
+    def value_key(self, v: ir.Value):
+        # Values hash by identity of the underlying IR value; get_name() would run the printer
+        # (~70 us a call, the cost model's hottest line).
+        return ("arg", self.arg_index[v]) if v in self.arg_index else ("value", v)
+
+    def bytes_of(self, v: ir.Value, shape: list[int] | None = None) -> int:
+        t = ranked(v)
+        if t is None:
+            return 0
+        return math.prod(shape if shape is not None else self.shape(v)) * element_bytes(t)
+
+    # ----- tree
+    def new_node(self, op, kind: str, trips: int, parent: Node | None) -> Node:
+        node = Node(id=next(self.ids), op=op, kind=kind, trips=max(1, trips), depth=0 if parent is None else parent.depth + 1, parent=parent)
+        self.nodes[node.id] = node
+        if parent is not None:
+            parent.children.append(node)
+        return node
+
+    def loop_trips(self, op) -> tuple[int, list[ir.Value]]:
+        body = op.regions[0].blocks[0]
+        if opname(op) == "scf.for":
+            lb, ub, step = (self.int_value(o) for o in list(op.operands)[:3])
+            if ub is None:
+                self._note(f"scf.for with a dynamic upper bound: assumed {DEFAULT_DYNAMIC_EXTENT} iterations")
+                return DEFAULT_DYNAMIC_EXTENT, [body.arguments[0]]
+            return max(1, -(-(ub - (lb or 0)) // (step or 1))), [body.arguments[0]]
+        view = op.opview
+        rank = len(ir.DenseI64ArrayAttr(op.attributes["staticUpperBound"]))
+        bounds = []
+        for attr, dyn in (("staticLowerBound", view.dynamicLowerBound), ("staticUpperBound", view.dynamicUpperBound), ("staticStep", view.dynamicStep)):
+            dyn = list(dyn)
+            vals = []
+            for s in ir.DenseI64ArrayAttr(op.attributes[attr]):
+                if s == DYNAMIC:
+                    n = self.int_value(dyn.pop(0))
+                    vals.append(n if n is not None else DEFAULT_DYNAMIC_EXTENT)
+                else:
+                    vals.append(s)
+            bounds.append(vals)
+        trips = math.prod(max(1, -(-(u - l) // s)) for l, u, s in zip(*bounds))
+        return trips, list(body.arguments)[:rank]
+
+    def build_body(self, node: Node, ops) -> None:
+        for op in ops:
+            name = opname(op)
+            node.items.append(op)
+            for r in op.results:
+                self.value_node[r] = node
+            if name in LOOP_OPS:
+                trips, ivs = self.loop_trips(op)
+                child = self.new_node(op, "forall" if name == "scf.forall" else "for", trips, node)
+                for iv in ivs:
+                    self.iv_node[iv] = child.id
+                inner = body_ops(op)
+                self.build_body(child, inner)
+            elif name == "scf.forall.in_parallel":
+                self.build_body(node, body_ops(op))
+            elif name == "scf.if":
+                # Tiling a tensor.pad guards each tile with scf.if (then: an all-padding tile,
+                # else: the producers fused through the pad): priced as one body, once per trip.
+                for region in range(len(op.regions)):
+                    self.build_body(node, body_ops(op, region))
+            elif name == "tensor.extract_slice":
+                self.add_slice(node, op, op.operands[0], op.results[0], is_write=False)
+            elif name in ("tensor.insert_slice", "tensor.parallel_insert_slice"):
+                self.add_slice(node, op, op.operands[1], op.operands[0], is_write=True)
+            elif is_tileable(op):
+                node.computes.append(self.compute_of(op, node))
+                if node.kind != "root":
+                    self.add_whole_reads(node, op)
+
+    def add_slice(self, node: Node, op, source: ir.Value, tile: ir.Value, is_write: bool) -> None:
+        static_offsets, dynamic_offsets, sizes = self.slice_operands(op, first=2 if is_write else 1)
+        root = self.resolve(source)
+        offsets = [self.offset_key(o) for o in dynamic_offsets]
+        node.slices.append(
+            Slice(
+                key=(self.value_key(root), tuple(static_offsets), tuple(offsets), tuple(sizes)),
+                source=root,
+                bytes=self.bytes_of(tile, [s for s in sizes if s != 1] or [1]) if ranked(tile) else 0,
+                source_bytes=self.bytes_of(root),
+                deps=self.deps(dynamic_offsets),
+                node=node,
+                is_write=is_write,
+            )
+        )
+
+    def add_whole_reads(self, node: Node, op) -> None:
+        """Tensors from outside the nest an op inside it reads whole, without a slice (a weight
+        after fusion through a collapse_shape): they are live in the loop like any tile."""
+        for v in op.operands:
+            if ranked(v) is None or isinstance(v, ir.BlockArgument) and v not in self.arg_index:
+                continue  # scalars; loop-carried tensors (their tiles are the loop's slices)
+            if isinstance(v, ir.OpResult) and (v in self.value_node or opname(v.owner) in NO_DATA_OPS):
+                continue  # computed in this nest, or no data to read
+            node.slices.append(self.whole(v, node))
+
+    def whole(self, v: ir.Value, node: Node, is_write: bool = False) -> Slice:
+        """All of tensor `v`, read (or written) in `node`'s body."""
+        key = (self.value_key(v), "out") if is_write else (self.value_key(v), (), (), tuple(self.shape(v)))
+        return Slice(key=key, source=v, bytes=self.bytes_of(v), source_bytes=self.bytes_of(v), deps=frozenset(),
+                     node=node, is_write=is_write)
+
+    def compute_of(self, op, node: Node) -> Compute:
+        operands = [o for o in op.operands if ranked(o) is not None]
+        shapes = [self.shape(o) for o in operands]
+        indexing_maps = linalg.get_indexing_maps(op)
+        if indexing_maps is None:
+            # TilingInterface ops without indexing maps (pack, unpack, pad, concat, softmax):
+            # one iteration point per result element, all parallel.
+            result = op.results[0] if len(op.results) else None
+            extent = self.shape(result) if result is not None and ranked(result) is not None else []
+            return self._compute(op, node, operands, shapes, list(extent), [], list(extent), result)
+        maps = [ir.AffineMapAttr(m).value for m in indexing_maps]
+        tensor_maps = [m for m, o in zip(maps, op.operands) if ranked(o) is not None] if len(maps) == len(list(op.operands)) else maps[-len(operands):]
+        n_dims = maps[0].n_dims if maps else 0
+        ranges = [1] * n_dims
+        found = [False] * n_dims
+        for m, shp in zip(tensor_maps, shapes):
+            for pos, e in enumerate(m.results):
+                if isinstance(e, ir.AffineDimExpr) and pos < len(shp) and not found[e.position]:
+                    ranges[e.position] = shp[pos]
+                    found[e.position] = True
+        out_dims = {e.position for e in maps[-1].results if isinstance(e, ir.AffineDimExpr)} if maps else set()
+        reduction = [ranges[d] for d in range(n_dims) if d not in out_dims]
+        parallel = [ranges[d] for d in range(n_dims) if d in out_dims]
+        c = self._compute(op, node, operands, shapes, ranges, reduction, parallel, operands[-1] if operands else None)
+        if reduction and out_dims:
+            c.lhs_rows = self._lhs_rows(operands, tensor_maps, ranges, out_dims, len(op.results))
+        return c
+
+    def _lhs_rows(self, operands, tensor_maps, ranges, out_dims: set[int], n_results: int) -> tuple[tuple[int, int], ...]:
+        """(extent, byte stride) of each register-tile row dim in the broadcast input: the first
+        input indexed by a reduction dim and a row dim (a parallel dim other than the innermost)
+        but not the innermost parallel dim. Strides are those of the whole tensor the tile is cut
+        from (row-major), which is where the rows sit in memory."""
+        n_dim = max(out_dims)
+        inputs = list(zip(operands, tensor_maps))[: max(0, len(operands) - n_results)]
+        for v, m in inputs:
+            dims = [e.position if isinstance(e, ir.AffineDimExpr) else None for e in m.results]
+            if n_dim in dims or not any(d is not None and d not in out_dims for d in dims):
+                continue
+            shape = self.shape(self.root_tensor(v))
+            t = ranked(v)
+            if t is None or len(shape) != len(dims):
+                continue
+            rows = tuple(
+                (ranges[d], math.prod(shape[p + 1:]) * element_bytes(t))
+                for p, d in enumerate(dims) if d is not None and d in out_dims and ranges[d] > 1
+            )
+            if rows:
+                return rows
+        return ()
+
+    def root_tensor(self, v: ir.Value) -> ir.Value:
+        """The whole tensor a tile is cut from: through extract_slices and loop-carried args."""
+        while True:
+            r = through_slices(self.resolve(v))
+            if r == v:
+                return v
+            v = r
+
+    def _carried_acc_bytes(self, op, node: Node) -> int:
+        """Accumulator bytes of a reducing op whose inits are iter_args of its own scf.for."""
+        if node.kind != "for" or node.op is None or opname(node.op) != "scf.for":
+            return 0
+        body = node.op.regions[0].blocks[0]
+        inits = dps_inits(op)
+        roots = [through_slices(v) for v in inits]  # tiling leaves a full-size slice of the iter_arg
+        carried = [v for v in roots if isinstance(v, ir.BlockArgument) and v.owner == body and v.arg_number > 0]
+        if not inits or len(carried) != len(inits):
+            return 0
+        return sum(self.bytes_of(v) for v in inits) + sum(self.bytes_of(r) for r in op.results)
+
+    def _compute(self, op, node: Node, operands, shapes, ranges, reduction, parallel, typed) -> Compute:
+        """One execution of `op` over `ranges`; `typed` gives the element type (None: f32)."""
+        t = ranked(typed) if typed is not None else None
+        return Compute(
+            op=op,
+            name=opname(op),
+            uid=uid_of(op),
+            points=math.prod(ranges) if ranges else 1,
+            flops_per_point=flops_per_point(op),
+            reduction_tile=reduction,
+            parallel_tile=parallel,
+            element_type=str(t.element_type) if t else "f32",
+            element_bytes=element_bytes(t) if t else 4,
+            operand_bytes=sum(self.bytes_of(o, s) for o, s in zip(operands, shapes)) + sum(self.bytes_of(r) for r in op.results),
+            node=node,
+            carried_acc_bytes=self._carried_acc_bytes(op, node) if reduction else 0,
+        )
+
+
+def _normalize_hints(hints: dict[str, object]) -> dict[str, list[int]]:
+    """{'arg0': '128x1024' | [128, 1024] | 128} -> {'arg0': [128, 1024]}."""
+    out = {}
+    for k, v in hints.items():
+        if isinstance(v, str):
+            out[k] = [int(x) for x in v.lower().split("x")]
+        elif isinstance(v, int):
+            out[k] = [v]
+        else:
+            out[k] = [int(x) for x in v]
+    return out

@@ -1,0 +1,78 @@
+"""A loop nest as the cost model sees it: a tree of loop nodes, the slices each body reads and
+writes, and the tileable ops it computes.
+
+The root is a pseudo-node (one iteration, depth 0) whose "iteration" is the whole nest.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from service.ir.mlir import ir
+
+
+@dataclass
+class Slice:
+    """One read or write of a tile of a tensor defined outside the node that holds it."""
+
+    key: tuple
+    source: ir.Value  # resolved through loop-carried block args
+    bytes: int
+    source_bytes: int
+    deps: frozenset[int]  # ids of loop nodes whose induction variables move the slice
+    node: "Node"
+    is_write: bool = False
+
+
+@dataclass
+class Compute:
+    """One tileable op in a node's body: one execution of it over its (tiled) iteration space."""
+
+    op: object
+    name: str
+    uid: int | None
+    points: int  # iteration points of one execution
+    flops_per_point: int
+    reduction_tile: list[int]
+    parallel_tile: list[int]
+    element_type: str
+    element_bytes: int
+    operand_bytes: int  # all operand + result tile bytes of one execution
+    node: "Node"
+    # Bytes of the accumulator (init operand + result) when it is carried by the enclosing
+    # scf.for (iter_args, the reduction loop of a tiled contraction); 0 otherwise.
+    carried_acc_bytes: int = 0
+    # Rows of the register tile in the operand broadcast along the innermost parallel dim (A of
+    # a matmul): (tile extent, byte stride in its whole tensor) per row dim; () if none.
+    lhs_rows: tuple[tuple[int, int], ...] = ()
+
+
+@dataclass
+class Node:
+    """A loop of the nest (or its root): trips per execution, and what its body holds."""
+
+    id: int
+    op: object | None  # None for the nest's root pseudo-node
+    kind: str  # "root", "forall", "for"
+    trips: int
+    depth: int
+    parent: "Node | None"
+    items: list = field(default_factory=list)  # body in program order (ops)
+    slices: list[Slice] = field(default_factory=list)  # direct reads/writes of this body
+    computes: list[Compute] = field(default_factory=list)
+    children: list["Node"] = field(default_factory=list)
+
+    def subtree(self):
+        yield self
+        for c in self.children:
+            yield from c.subtree()
+
+    @property
+    def executions(self) -> int:
+        """How many times this node's loop runs in total (product of enclosing trips)."""
+        total = 1
+        n = self.parent
+        while n is not None:
+            total *= n.trips
+            n = n.parent
+        return total

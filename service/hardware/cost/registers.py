@@ -1,0 +1,134 @@
+"""Register-tile terms of a CPU contraction: how close its microkernel gets to FMA peak
+(spills, FMA pipeline, loads per step, tall tiles, L1 set conflicts among the rows of A), the
+accumulator share that spills, and IREE's vector-tile size limit."""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections import Counter
+
+from ..model import HardwareModel
+from .nest import Compute
+from .results import kib
+
+
+def plan_chose_vector_tile(c: Compute, level: int) -> bool:
+    """Whether the plan, not IREE, chose this compute's vector tile: under two plan levels or
+    more, IREE's vector tile is the plan's second level (service.measure.lowering's mapping).
+    - In a loop carrying its accumulator under a distribution level, with no vector level
+      between, the vector tile is the whole enclosing tile: a [32, 32] distribution tile with
+      k = 2 is a 32x32 register tile.
+    - Under a vector level with no reduction level, the reduction is not tiled: a [1, 4, 8]
+      tile is a 4x8 register tile over the whole reduction.
+    A single level (super tiling) tiles for memory only: the compiler picks the vector tile."""
+    return level >= 2
+
+
+def microkernel_efficiency(c: Compute, level: int, hw: HardwareModel, acc_trips: int) -> float:
+    """Fraction of FMA peak a CPU register tile reaches (1.0 where the plan does not choose it).
+
+    For a contraction whose vector tile the plan chose (plan_chose_vector_tile), per reduction
+    step the tile [.., m, n] needs m*ceil(n/lanes) accumulator registers, ceil(n/lanes) for the
+    row of B and one broadcast of A; it issues acc FMAs and m + ceil(n/lanes) loads.
+    - spills: more registers than the file holds -> accumulators go through L1 each step, and
+      each output tile pays _SPILL_STEPS_PER_REGISTER reduction steps per register past the
+      file, on top of its own (the reduction tile x `acc_trips`, the trips of the loop that
+      carries the accumulator);
+    - pipeline: fewer independent accumulators than latency x ports leaves FMA units idle;
+    - loads: more loads than FMAs per step makes the tile load-bound (as many ports of each);
+    - rows: tiles taller than the hardware's register_tile_rows run proportionally slower;
+    - set conflicts: rows of A that share an L1 set past its ways miss every step.
+    """
+    regs = hw.compute.vector_registers
+    if regs is None or not plan_chose_vector_tile(c, level) or not c.reduction_tile or len(c.parallel_tile) < 1:
+        return 1.0
+    n_vecs = _vectors_per_row(c, hw)
+    m = math.prod(c.parallel_tile[:-1]) if len(c.parallel_tile) > 1 else 1
+    if m == 0 or n_vecs == 0:  # an empty tile: nothing to compute
+        return 1.0
+    acc = m * n_vecs
+    needed = acc + n_vecs + 1
+    spill = min(1.0, regs / needed)
+    k = math.prod(c.reduction_tile)
+    if needed > regs:
+        steps = k * acc_trips
+        spill *= steps / (steps + (needed - regs) * _SPILL_STEPS_PER_REGISTER)
+    # The step's tile of B, [k, n], is read into registers beside the accumulators. Two rows of
+    # B cost nothing more, whether or not the accumulators fit (measured on AVX2); more rows do
+    # where they overflow the register file, or beside accumulators that spill already.
+    b_overflows = k > 2 and (needed > regs or regs < acc + k * n_vecs + 1)
+    b_tile = _B_TILE_OVERFLOW_EFFICIENCY if b_overflows else 1.0
+    pipeline = min(1.0, acc / hw.compute.fma_pipeline_depth)
+    loads = min(1.0, acc / (m + n_vecs))
+    rows = hw.compute.register_tile_rows
+    tall = min(1.0, rows / m) if rows else 1.0
+    return spill * b_tile * pipeline * loads * tall * _set_conflict_efficiency(c, hw)
+
+
+# What a spilling register tile pays per output tile, in reduction steps per register past the
+# file: a per-step charge alone cannot make a spilling tile win on a deep reduction and lose on
+# a shallow one, as measured (fitted to a 64-deep matmul on AVX2).
+_SPILL_STEPS_PER_REGISTER = 16
+
+# Speed left when the accumulators fit the register file and the reduction step's tile of B does
+# not: about 1.2x slower on AVX-512, not growing with the overflow (the excess is re-read from
+# L1 rather than spilled).
+_B_TILE_OVERFLOW_EFFICIENCY = 1 / 1.2
+
+
+def _set_conflict_efficiency(c: Compute, hw: HardwareModel) -> float:
+    """Fraction of speed left when the register tile's rows of A evict each other in L1.
+
+    Each reduction step reads one element from every row of A. Rows a power-of-two pitch apart
+    map to the same few sets of a set-associative L1; with more rows per set than ways, every
+    step misses. The model: ways / (most rows in one set), from the innermost level's
+    associativity."""
+    l1 = hw.memory_levels[-1]
+    if not c.lhs_rows or l1.associativity is None or l1.line_bytes is None:
+        return 1.0
+    sets = max(1, l1.capacity_bytes // (l1.associativity * l1.line_bytes))
+    return min(1.0, l1.associativity / _rows_per_set(c.lhs_rows, l1.line_bytes, sets))
+
+
+@functools.lru_cache(maxsize=4096)
+def _rows_per_set(rows: tuple[tuple[int, int], ...], line_bytes: int, sets: int) -> int:
+    """Most rows (extent, stride per row dim) whose first line falls in one cache set."""
+    offsets = [0]
+    for extent, stride in rows:
+        offsets = [o + i * stride for o in offsets for i in range(extent)]
+        if len(offsets) > 4096:  # not a register tile: no vector tile is this tall
+            return 1
+    return max(Counter((o // line_bytes) % sets for o in offsets).values())
+
+
+def _vectors_per_row(c: Compute, hw: HardwareModel) -> int:
+    """Vector registers one row of the register tile spans (its innermost parallel extent)."""
+    lanes = max(1, hw.compute.vector_width_bytes // c.element_bytes)
+    return math.ceil((c.parallel_tile[-1] if c.parallel_tile else 1) / lanes)
+
+
+def spilled_fraction(c: Compute, hw: HardwareModel) -> float:
+    """Fraction of an accumulator tile that does not fit the vector register file beside one
+    row of B and a broadcast of A (all of it when the register file is unknown)."""
+    regs = hw.compute.vector_registers
+    if regs is None:
+        return 1.0
+    acc_regs = math.ceil(c.carried_acc_bytes / 2 / hw.compute.vector_width_bytes)  # init + result: one tile
+    spare = regs - _vectors_per_row(c, hw) - 1
+    return max(0.0, 1.0 - max(0, spare) / acc_regs) if acc_regs else 0.0
+
+
+def check_vector_tile(c: Compute, level: int, hw: HardwareModel, reasons: list[str]) -> None:
+    """IREE's CPU backend rejects vector tiles (parallel product x reduction tile) of
+    hw.max_vector_tile_bytes or more (512 native vectors: 32 KiB with AVX-512, 16 KiB with AVX2).
+    Only where the plan chose the vector tile (plan_chose_vector_tile)."""
+    if hw.max_vector_tile_bytes is None or not plan_chose_vector_tile(c, level) or not c.reduction_tile:
+        return
+    size = c.points * c.element_bytes
+    if size >= hw.max_vector_tile_bytes:
+        dims = "x".join(str(d) for d in c.parallel_tile + c.reduction_tile)
+        reasons.append(
+            f"vector tile too large: {c.name} (uid {c.uid}) tile {dims} = {c.points} {c.element_type} elements "
+            f"({kib(size)}) >= {kib(hw.max_vector_tile_bytes)} limit"
+        )
