@@ -219,7 +219,7 @@ def test_api_takes_both_hint_forms_and_rejects_misfits_with_422(migrated_url, tm
 
 
 def test_one_bucketed_dim_per_search():
-    from service.search.tasks import check_search_shapes
+    from service.tiling.worker import check_search_shapes
 
     with pytest.raises(ShapeHintError, match="one bucketed dim per search"):
         check_search_shapes(DYNAMIC_MATMUL, None, {"M": [1, 16], "arg0.0": [2, 4]})

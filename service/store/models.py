@@ -197,24 +197,3 @@ class GroupRecord(Base):
     )
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)
-
-
-class Measurement(Base):
-    """A plan compiled and timed on real hardware (IREE), successful or not."""
-
-    __tablename__ = "measurements"
-    __table_args__ = (Index("ix_measurements_plan_hardware", "plan_hash", "hardware_hash"),)
-
-    id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    decision_id: Mapped[int | None] = mapped_column(
-        ForeignKey("decisions.id", ondelete="SET NULL"), default=None, index=True
-    )
-    plan_hash: Mapped[str] = mapped_column(String(HASH_LEN))
-    hardware_hash: Mapped[str] = mapped_column(String(HASH_LEN))
-    config: Mapped[dict[str, Any]] = mapped_column(JSONType, default=dict)
-    ok: Mapped[bool] = mapped_column(Boolean)
-    median_s: Mapped[float | None] = mapped_column(Float, default=None)
-    samples: Mapped[list[float]] = mapped_column(JSONType, default=list)
-    error: Mapped[str | None] = mapped_column(Text, default=None)
-    iree_version: Mapped[str | None] = mapped_column(String(100), default=None)
-    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
