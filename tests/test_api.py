@@ -10,7 +10,6 @@ import json
 import re
 from concurrent.futures import ThreadPoolExecutor
 
-import pytest
 from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from schemathesis import openapi
@@ -227,8 +226,8 @@ def test_concurrent_identical_requests_make_one_decision(migrated_url):
 
 def test_a_plan_that_crashes_mlir_costs_that_plan_not_the_request(migrated_url):
     """The super-tiling baseline's plan crashes MLIR (segfault) on a ResNet block whose convs
-    share one bias-broadcast init. The search evaluated inside its API job and the request was
-    a 422; plans now go to a worker the job keeps, and the answer says the baseline could not
+    share one bias-broadcast init. Plans are evaluated in a worker the search job keeps, so the
+    crash costs that plan: the answer is a decision whose warnings say the baseline could not
     be applied."""
     from test_search import RESNET_SHARED_BIAS_INIT as module
 
@@ -292,7 +291,7 @@ def test_schemathesis_no_server_errors(migrated_url):
 
 def test_a_search_bug_is_a_500_not_a_bad_input_422(migrated_url, monkeypatch):
     """Only SearchInputError (hints, buckets, strategy) is the caller's fault; an internal
-    ValueError (once: Optuna refusing a starting value outside a knob) is ours."""
+    ValueError (e.g. Optuna refusing a starting value outside a knob) is ours."""
     def broken(self, request):
         raise ValueError("'0' not in (1,).")
 

@@ -17,7 +17,7 @@ from service.api.middleware import BodySizeLimit, RequestMetrics
 from service.api.routes import hardware, health, tilings
 from service.config import Settings, get_settings
 from service.ir.sandbox import Sandbox
-from service.store import decisions
+from service.store.decisions import list_decisions
 from service.store.db import make_engine, make_sessionmaker, session_scope
 from service.tiling.service import TilingService
 
@@ -62,7 +62,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     def index(request: Request) -> HTMLResponse:
         """A small page of recent decisions."""
         with session_scope(request.app.state.sessions) as session:
-            rows, _ = decisions.list_decisions(session, limit=25)
+            rows, _ = list_decisions(session, limit=25)
             decisions = [
                 {
                     "id": r.id,

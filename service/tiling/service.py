@@ -18,7 +18,6 @@ import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable
-from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Literal, TypeVar
 
@@ -241,8 +240,7 @@ class TilingService:
         if not self._slots.acquire(blocking=False):
             raise PoolSaturated(retry_after_s=max(1, int(timeout // 4)))
         try:
-            future: Future[T] = self.sandbox.submit(fn, *args, timeout=timeout)
-            return result_of(future, timeout)
+            return result_of(self.sandbox.submit(fn, *args, timeout=timeout), timeout)
         finally:
             self._slots.release()
 
