@@ -48,12 +48,12 @@ def inspect_cmd(
     except IRError as exc:
         raise _ir_failure(exc) from None
     if as_json:
-        typer.echo(json.dumps(info, indent=2))
+        typer.echo(json.dumps(info.model_dump(), indent=2))
         return
-    table = Table(title=f"{file.name}  fingerprint {info['fingerprint'][:16]}")
+    table = Table(title=f"{file.name}  fingerprint {info.fingerprint[:16]}")
     for col in ("uid", "op", "kind", "loop ranges", "iterators", "dtype", "producers", "consumers", "fuse group"):
         table.add_column(col)
-    for op in info["ops"]:
+    for op in info.ops:
         table.add_row(
             str(op["uid"]),
             op["name"] + (f" (copy of {op['copy_of']})" if op.get("copy_of") is not None else ""),
@@ -93,10 +93,10 @@ def apply_cmd(
     except (IRError, ValidationError) as exc:
         raise _ir_failure(exc) from None
     if script_out is not None:
-        script_out.write_text(result["transform_script"])
-    typer.echo(result["tiled_module"])
+        script_out.write_text(result.transform_script)
+    typer.echo(result.tiled_module)
     if origin_json:
-        typer.echo(json.dumps(result["origin"], indent=2))
+        typer.echo(json.dumps(result.origin, indent=2))
 
 
 def _read_module(path: Path) -> str | bytes:

@@ -11,7 +11,7 @@ from service.ir.parse import parse_module
 from service.ir.plan import Plan
 from service.ir.transform import apply_plan
 
-from _shared import WORKLOADS  # noqa: E402
+from _shared import WORKLOADS
 
 
 def cost_of(workload: str, anchor: int, fuse: list[int], levels: list[tuple[list[int], str]], hw: str = "host-cpu") -> Cost:

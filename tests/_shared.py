@@ -29,6 +29,56 @@ func.func @f(%x: tensor<12x128x64xf32>, %w: tensor<768x768xf32>) -> tensor<128x7
 }"""
 
 
+# Two conv + bias + relu layers with a residual add, each conv initialised by its own fill.
+RESNET_BLOCK = """#id4 = affine_map<(n, h, w, c) -> (n, h, w, c)>
+#ch4 = affine_map<(n, h, w, c) -> (c)>
+func.func @resnet_block_2fills(%x: tensor<1x56x56x64xf32>, %w1: tensor<3x3x64x64xf32>, %b1: tensor<64xf32>,
+                        %w2: tensor<3x3x64x64xf32>, %b2: tensor<64xf32>) -> tensor<1x56x56x64xf32> {
+  %zero = arith.constant 0.0 : f32
+  %p1 = tensor.pad %x low[0, 1, 1, 0] high[0, 1, 1, 0] {
+  ^bb0(%i: index, %j: index, %k: index, %l: index):
+    tensor.yield %zero : f32
+  } : tensor<1x56x56x64xf32> to tensor<1x58x58x64xf32>
+  %e = tensor.empty() : tensor<1x56x56x64xf32>
+  %f = linalg.fill ins(%zero : f32) outs(%e : tensor<1x56x56x64xf32>) -> tensor<1x56x56x64xf32>
+  %c1 = linalg.conv_2d_nhwc_hwcf {dilations = dense<1> : tensor<2xi64>, strides = dense<1> : tensor<2xi64>}
+      ins(%p1, %w1 : tensor<1x58x58x64xf32>, tensor<3x3x64x64xf32>) outs(%f : tensor<1x56x56x64xf32>) -> tensor<1x56x56x64xf32>
+  %r1 = linalg.generic {indexing_maps = [#id4, #ch4, #id4], iterator_types = ["parallel", "parallel", "parallel", "parallel"]}
+      ins(%c1, %b1 : tensor<1x56x56x64xf32>, tensor<64xf32>) outs(%e : tensor<1x56x56x64xf32>) {
+  ^bb0(%v: f32, %b: f32, %o: f32):
+    %a = arith.addf %v, %b : f32
+    %r = arith.maximumf %a, %zero : f32
+    linalg.yield %r : f32
+  } -> tensor<1x56x56x64xf32>
+  %p2 = tensor.pad %r1 low[0, 1, 1, 0] high[0, 1, 1, 0] {
+  ^bb0(%i: index, %j: index, %k: index, %l: index):
+    tensor.yield %zero : f32
+  } : tensor<1x56x56x64xf32> to tensor<1x58x58x64xf32>
+  %e2 = tensor.empty() : tensor<1x56x56x64xf32>
+  %f2 = linalg.fill ins(%zero : f32) outs(%e2 : tensor<1x56x56x64xf32>) -> tensor<1x56x56x64xf32>
+  %c2 = linalg.conv_2d_nhwc_hwcf {dilations = dense<1> : tensor<2xi64>, strides = dense<1> : tensor<2xi64>}
+      ins(%p2, %w2 : tensor<1x58x58x64xf32>, tensor<3x3x64x64xf32>) outs(%f2 : tensor<1x56x56x64xf32>) -> tensor<1x56x56x64xf32>
+  %r2 = linalg.generic {indexing_maps = [#id4, #ch4, #id4, #id4], iterator_types = ["parallel", "parallel", "parallel", "parallel"]}
+      ins(%c2, %b2, %x : tensor<1x56x56x64xf32>, tensor<64xf32>, tensor<1x56x56x64xf32>) outs(%e : tensor<1x56x56x64xf32>) {
+  ^bb0(%v: f32, %b: f32, %res: f32, %o: f32):
+    %a = arith.addf %v, %b : f32
+    %a2 = arith.addf %a, %res : f32
+    %r = arith.maximumf %a2, %zero : f32
+    linalg.yield %r : f32
+  } -> tensor<1x56x56x64xf32>
+  return %r2 : tensor<1x56x56x64xf32>
+}
+"""
+
+
+# One broadcast bias initialising both convs: the super-tiling baseline's plan (the whole block
+# fused into one scf.for) segfaults MLIR on it. A fill shared the same way did too, until shared
+# fills were given a copy per reader.
+RESNET_SHARED_BIAS_INIT = RESNET_BLOCK.replace("outs(%f2 :", "outs(%f :").replace(
+    "%f = linalg.fill ins(%zero : f32) outs(%e : tensor<1x56x56x64xf32>) -> tensor<1x56x56x64xf32>",
+    "%f = linalg.broadcast ins(%b1 : tensor<64xf32>) outs(%e : tensor<1x56x56x64xf32>) dimensions = [0, 1, 2]")
+
+
 def write_cpu_sysfs(root: Path, caches: list[tuple[int, str, str, str, str | None]], cpuinfo: str) -> tuple[Path, Path]:
     """A fake /sys/devices/system/cpu/cpu0 and /proc/cpuinfo under root, for detect_host_cpu:
     caches are (level, type, size, shared_cpu_list, ways or None), lines of 64 B."""

@@ -19,7 +19,7 @@ from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import NullPool
 
-from tests._shared import REFERENCE_HOST_CACHES, REFERENCE_HOST_CPUINFO, write_cpu_sysfs
+from _shared import REFERENCE_HOST_CACHES, REFERENCE_HOST_CPUINFO, write_cpu_sysfs
 
 from service.hardware.model import HardwareModel
 from service.hardware.profiles import detect_host_cpu, get_profile, save_profile

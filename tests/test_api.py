@@ -1,6 +1,7 @@
 """The HTTP API end to end (app factory + lifespan + real sandbox), on SQLite and PostgreSQL.
 
 Budgets stay small (4-16 plans): these tests check the API's contract, not search quality.
+`host-cpu` is the reference host conftest pins (workers inherit it), not the CI machine's CPU.
 """
 
 from __future__ import annotations
@@ -9,12 +10,16 @@ import json
 import re
 from concurrent.futures import ThreadPoolExecutor
 
-import pytest
 from fastapi.testclient import TestClient
+from hypothesis import HealthCheck, given, settings
+from schemathesis import openapi
+from schemathesis.core import NotSet
 
 from service.api.app import create_app
 from service.config import Settings
-from tests._shared import CORPUS, workload
+from service.store import migrate
+from service.tiling.service import TilingService
+from _shared import CORPUS, RESNET_SHARED_BIAS_INIT, workload
 
 MLP = workload("mlp_chain")
 MATMUL = workload("matmul_1024")
@@ -29,12 +34,6 @@ CUSTOM_HW = {
     ],
     "compute": {"peak_flops_per_s": {"f32": 1e12}, "cores": 4},
 }
-
-
-@pytest.fixture(autouse=True)
-def _hardware_dir(tmp_path, monkeypatch):
-    # No calibrated JSON profiles from the working tree: built-ins only.
-    monkeypatch.setenv("TILESEARCH_HARDWARE_DIR", str(tmp_path / "hardware"))
 
 
 def _client(url: str, **overrides) -> TestClient:
@@ -175,8 +174,6 @@ def test_health_and_readiness(database_url):
         assert client.get("/healthz").status_code == 200
         not_ready = client.get("/readyz")
         assert not_ready.status_code == 503 and not not_ready.json()["ready"]
-    from service.store import migrate
-
     migrate.upgrade(database_url)
     with _client(database_url) as client:
         assert client.get("/readyz").json()["ready"] is True
@@ -229,11 +226,10 @@ def test_concurrent_identical_requests_make_one_decision(migrated_url):
 
 def test_a_plan_that_crashes_mlir_costs_that_plan_not_the_request(migrated_url):
     """The super-tiling baseline's plan crashes MLIR (segfault) on a ResNet block whose convs
-    share one bias-broadcast init. The search evaluated inside its API job and the request was
-    a 422; plans now go to a worker the job keeps, and the answer says the baseline could not
+    share one bias-broadcast init. Plans are evaluated in a worker the search job keeps, so the
+    crash costs that plan: the answer is a decision whose warnings say the baseline could not
     be applied."""
-    from test_search import RESNET_SHARED_BIAS_INIT as module
-
+    module = RESNET_SHARED_BIAS_INIT
     with _client(migrated_url) as client:
         response = client.post("/v1/tilings", json={"module": module, "hardware": "npu-sram-256k", "budget": 16})
         assert response.status_code == 200, response.text
@@ -243,8 +239,6 @@ def test_a_plan_that_crashes_mlir_costs_that_plan_not_the_request(migrated_url):
 
 
 def test_corpus_never_server_error(tmp_path):
-    from service.store import migrate
-
     url = f"sqlite:///{tmp_path / 'corpus.db'}"
     migrate.upgrade(url)
     files = sorted(CORPUS.glob("*.mlir"))
@@ -270,10 +264,6 @@ def test_corpus_never_server_error(tmp_path):
 
 def test_schemathesis_no_server_errors(migrated_url):
     """Schema-generated requests (bounded: a few examples per operation) never get a 5xx."""
-    from hypothesis import HealthCheck, given, settings
-    from schemathesis import openapi
-    from schemathesis.core import NotSet
-
     with _client(migrated_url, request_timeout_s=20) as client:
         schema = openapi.from_dict(client.get("/openapi.json").json())
         failures = []
@@ -300,9 +290,7 @@ def test_schemathesis_no_server_errors(migrated_url):
 
 def test_a_search_bug_is_a_500_not_a_bad_input_422(migrated_url, monkeypatch):
     """Only SearchInputError (hints, buckets, strategy) is the caller's fault; an internal
-    ValueError (once: Optuna refusing a starting value outside a knob) is ours."""
-    from service.tiling import TilingService
-
+    ValueError (e.g. Optuna refusing a starting value outside a knob) is ours."""
     def broken(self, request):
         raise ValueError("'0' not in (1,).")
 

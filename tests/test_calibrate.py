@@ -26,7 +26,7 @@ from service.measure.calibration_plans import (
 from service.measure.calibration_samples import Sample, normalize_to_default
 from service.measure.lowering import vector_tile_elements
 
-from _shared import WORKLOADS  # noqa: E402  (../shared beside the repo)
+from _shared import WORKLOADS
 
 
 @pytest.fixture(scope="module")

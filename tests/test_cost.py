@@ -12,7 +12,7 @@ from service.ir.parse import parse_module
 from service.ir.plan import Plan
 from service.ir.transform import apply_plan, tiled_clone
 
-from _shared import CORPUS, HEAD_MERGE, WORKLOADS  # noqa: E402
+from _shared import CORPUS, HEAD_MERGE, WORKLOADS
 
 
 def test_ops_without_indexing_maps_are_costed() -> None:

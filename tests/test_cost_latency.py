@@ -10,8 +10,8 @@ from service.ir.mlir import context
 from service.ir.parse import parse_module
 from service.ir.transform import apply_plan
 
-from _cost_plans import avx512_host, cost_of, matmul_plan  # noqa: E402
-from _shared import WORKLOADS  # noqa: E402
+from _cost_plans import avx512_host, cost_of, matmul_plan
+from _shared import WORKLOADS
 
 
 def test_forall_waves_over_cores():

@@ -11,8 +11,8 @@ from service.ir.parse import parse_module
 from service.ir.plan import Plan
 from service.ir.transform import apply_plan
 
-from _cost_plans import GOOD_MATMUL, cost_of  # noqa: E402
-from _shared import HEAD_MERGE, WORKLOADS  # noqa: E402
+from _cost_plans import GOOD_MATMUL, cost_of
+from _shared import HEAD_MERGE, WORKLOADS
 
 
 def test_matmul_flops_and_l1_tile():

@@ -11,8 +11,8 @@ from service.ir.parse import parse_module
 from service.ir.plan import Plan
 from service.ir.transform import apply_plan
 
-from _cost_plans import GOOD_MATMUL, avx512_host, cost_of, matmul_plan  # noqa: E402
-from _shared import WORKLOADS, ZEN3_HOST_CACHES, ZEN3_HOST_CPUINFO, write_cpu_sysfs  # noqa: E402
+from _cost_plans import GOOD_MATMUL, avx512_host, cost_of, matmul_plan
+from _shared import WORKLOADS, ZEN3_HOST_CACHES, ZEN3_HOST_CPUINFO, write_cpu_sysfs
 
 
 def test_large_vector_tile_infeasible_on_host_cpu():

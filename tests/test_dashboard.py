@@ -16,10 +16,10 @@ from service.api.app import create_app
 from service.api.dashboard.auth import COOKIE_NAME
 from service.config import Settings
 from service.hardware.profiles import get_profile
-from service.store import repo
+from service.store import measurements
 from service.store.db import make_engine, make_sessionmaker, session_scope
 from service.store.models import Decision, DecisionStatus, Module, Trial
-from tests._shared import workload
+from _shared import workload
 
 
 
@@ -91,7 +91,7 @@ def seeded(migrated_url):
         for number, (plan, latency, footprint) in enumerate(zip(plans, [4e-3, 2e-3, 1e-3, 3e-3], [1 << 10, 1 << 12, 1 << 14, 1 << 16])):
             s.add(Trial(decision_id=ids["measured"], number=number, plan=plan, plan_hash=f"h{number}",
                         cost=_cost(latency, footprint), latency_s=latency, feasible=True))
-            repo.save_measurement(s, plan_hash=f"h{number}", hardware_hash=_hash("host-cpu"), ok=True,
+            measurements.save_measurement(s, plan_hash=f"h{number}", hardware_hash=_hash("host-cpu"), ok=True,
                                   median_s=latency * 1.5, decision_id=ids["measured"])
         s.add(Trial(decision_id=ids["measured"], number=4, plan=plans[0], plan_hash="bad", cost=None, latency_s=None,
                     feasible=False, reason="too big"))

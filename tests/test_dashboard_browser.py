@@ -20,7 +20,7 @@ import httpx
 import pytest
 
 from service.store import migrate
-from tests._shared import workload
+from _shared import workload
 
 playwright_api = pytest.importorskip("playwright.sync_api")
 

@@ -13,7 +13,8 @@ from service.ir.analysis import analyze
 from service.search.engine import tune
 from service.search.knobs import group_of
 
-from _shared import workload as source  # noqa: E402  (../shared beside the repo)
+from _shared import RESNET_BLOCK
+from _shared import workload as source
 from test_ir_extract import _TWO_FUNCTIONS
 
 
@@ -267,45 +268,7 @@ def test_a_time_limit_is_shared_by_the_groups(host):
     assert set(per_group) == {"g1", "g4"} and min(per_group.values()) > 20, per_group
 
 
-RESNET_BLOCK = """#id4 = affine_map<(n, h, w, c) -> (n, h, w, c)>
-#ch4 = affine_map<(n, h, w, c) -> (c)>
-func.func @resnet_block_2fills(%x: tensor<1x56x56x64xf32>, %w1: tensor<3x3x64x64xf32>, %b1: tensor<64xf32>,
-                        %w2: tensor<3x3x64x64xf32>, %b2: tensor<64xf32>) -> tensor<1x56x56x64xf32> {
-  %zero = arith.constant 0.0 : f32
-  %p1 = tensor.pad %x low[0, 1, 1, 0] high[0, 1, 1, 0] {
-  ^bb0(%i: index, %j: index, %k: index, %l: index):
-    tensor.yield %zero : f32
-  } : tensor<1x56x56x64xf32> to tensor<1x58x58x64xf32>
-  %e = tensor.empty() : tensor<1x56x56x64xf32>
-  %f = linalg.fill ins(%zero : f32) outs(%e : tensor<1x56x56x64xf32>) -> tensor<1x56x56x64xf32>
-  %c1 = linalg.conv_2d_nhwc_hwcf {dilations = dense<1> : tensor<2xi64>, strides = dense<1> : tensor<2xi64>}
-      ins(%p1, %w1 : tensor<1x58x58x64xf32>, tensor<3x3x64x64xf32>) outs(%f : tensor<1x56x56x64xf32>) -> tensor<1x56x56x64xf32>
-  %r1 = linalg.generic {indexing_maps = [#id4, #ch4, #id4], iterator_types = ["parallel", "parallel", "parallel", "parallel"]}
-      ins(%c1, %b1 : tensor<1x56x56x64xf32>, tensor<64xf32>) outs(%e : tensor<1x56x56x64xf32>) {
-  ^bb0(%v: f32, %b: f32, %o: f32):
-    %a = arith.addf %v, %b : f32
-    %r = arith.maximumf %a, %zero : f32
-    linalg.yield %r : f32
-  } -> tensor<1x56x56x64xf32>
-  %p2 = tensor.pad %r1 low[0, 1, 1, 0] high[0, 1, 1, 0] {
-  ^bb0(%i: index, %j: index, %k: index, %l: index):
-    tensor.yield %zero : f32
-  } : tensor<1x56x56x64xf32> to tensor<1x58x58x64xf32>
-  %e2 = tensor.empty() : tensor<1x56x56x64xf32>
-  %f2 = linalg.fill ins(%zero : f32) outs(%e2 : tensor<1x56x56x64xf32>) -> tensor<1x56x56x64xf32>
-  %c2 = linalg.conv_2d_nhwc_hwcf {dilations = dense<1> : tensor<2xi64>, strides = dense<1> : tensor<2xi64>}
-      ins(%p2, %w2 : tensor<1x58x58x64xf32>, tensor<3x3x64x64xf32>) outs(%f2 : tensor<1x56x56x64xf32>) -> tensor<1x56x56x64xf32>
-  %r2 = linalg.generic {indexing_maps = [#id4, #ch4, #id4, #id4], iterator_types = ["parallel", "parallel", "parallel", "parallel"]}
-      ins(%c2, %b2, %x : tensor<1x56x56x64xf32>, tensor<64xf32>, tensor<1x56x56x64xf32>) outs(%e : tensor<1x56x56x64xf32>) {
-  ^bb0(%v: f32, %b: f32, %res: f32, %o: f32):
-    %a = arith.addf %v, %b : f32
-    %a2 = arith.addf %a, %res : f32
-    %r = arith.maximumf %a2, %zero : f32
-    linalg.yield %r : f32
-  } -> tensor<1x56x56x64xf32>
-  return %r2 : tensor<1x56x56x64xf32>
-}
-"""
+
 
 
 def test_a_fill_shared_by_two_convs_is_copied_into_each_group():

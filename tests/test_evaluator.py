@@ -20,8 +20,8 @@ from service.search.engine import tune
 from service.search.evaluator import Evaluator, GroupScope, evaluate_plans
 from service.search.space import build_space, complete_plan
 
-from _shared import workload as source  # noqa: E402  (../shared beside the repo)
-from test_engine import RESNET_BLOCK
+from _shared import RESNET_SHARED_BIAS_INIT
+from _shared import workload as source
 
 
 def test_process_pool_does_not_change_the_search(host):
@@ -119,12 +119,7 @@ def test_a_plan_that_breaks_the_cost_model_costs_only_itself(host, monkeypatch):
     assert second["stage"] == "cost" and second["latency_s"] > 0
 
 
-# One broadcast bias initialising both convs: the super-tiling baseline's plan (the whole block
-# fused into one scf.for) segfaults MLIR on it. A fill shared the same way did too, until shared
-# fills were given a copy per reader.
-RESNET_SHARED_BIAS_INIT = RESNET_BLOCK.replace("outs(%f2 :", "outs(%f :").replace(
-    "%f = linalg.fill ins(%zero : f32) outs(%e : tensor<1x56x56x64xf32>) -> tensor<1x56x56x64xf32>",
-    "%f = linalg.broadcast ins(%b1 : tensor<64xf32>) outs(%e : tensor<1x56x56x64xf32>) dimensions = [0, 1, 2]")
+
 
 
 def test_a_plan_that_crashes_mlir_costs_that_plan_even_with_one_worker(tmp_path):

@@ -13,7 +13,7 @@ from service.hardware.profiles import (
     list_profiles,
     save_profile,
 )
-from tests._shared import write_cpu_sysfs
+from _shared import write_cpu_sysfs
 
 
 def _model(levels, cores=1):

@@ -80,7 +80,7 @@ def test_sandbox_survives_crash_and_hang() -> None:
         with pytest.raises(IRCrashError):
             sandbox.run(_abort, timeout=10)
         info = sandbox.run(inspect_module, (WORKLOADS / "matmul_1024.mlir").read_text(), timeout=30)
-        assert [op["name"] for op in info["ops"]] == ["linalg.fill", "linalg.matmul"]
+        assert [op["name"] for op in info.ops] == ["linalg.fill", "linalg.matmul"]
 
 
 def test_typed_errors_cross_the_process_boundary() -> None:
@@ -103,4 +103,4 @@ def test_plan_that_aborts_mlir_is_rejected_before_mlir_sees_it() -> None:
         with pytest.raises(PlanError, match="MLIR aborts"):
             sandbox.run(apply_plan_to_text, source, plan, timeout=30)
         forall = {"groups": [{"anchor": 1, "fuse": [0], "levels": [{"tile_sizes": [0, 64], "loop": "forall"}]}]}
-        assert "scf.forall" in sandbox.run(apply_plan_to_text, source, forall, timeout=30)["tiled_module"]
+        assert "scf.forall" in sandbox.run(apply_plan_to_text, source, forall, timeout=30).tiled_module

@@ -9,7 +9,7 @@ from service.ir.extract import NotExtractable, extract_ops
 from service.ir.graph import build_graph, uid_of, walk_ops
 from service.ir.mlir import context
 
-from _shared import HEAD_MERGE, WORKLOADS  # noqa: E402  (../shared beside the repo)
+from _shared import HEAD_MERGE, WORKLOADS
 
 
 def body_ops(module) -> list:

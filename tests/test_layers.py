@@ -168,7 +168,7 @@ def test_no_import_cycles_between_packages():
     ("from service.search.engine import tune\n", {"service.search.engine"}),
     ("from .space import Knob\n", {"service.search.space"}),
     ("from . import space\n", {"service.search.space"}),
-    ("def f():\n    import service.store.repo\n", {"service.store.repo"}),
+    ("def f():\n    import service.store.decisions\n", {"service.store.decisions"}),
 ])
 def test_imports_are_read_at_every_depth_and_form(tmp_path, source, expected):
     modules = all_modules()

@@ -23,7 +23,7 @@ from service.measure.lowering import (
 from service.measure.timing import BenchSettings, measure_plan, measure_plan_and_default
 from service.measure.tools import chosen_translation_infos, host_translation_info
 
-from _shared import WORKLOADS  # noqa: E402  (../shared beside the repo)
+from _shared import WORKLOADS
 
 MATMUL_ITERS = ["parallel", "parallel", "reduction"]
 

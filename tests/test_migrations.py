@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import inspect
+from sqlalchemy import inspect, text
 from sqlalchemy.pool import NullPool
 from typer.testing import CliRunner
 
@@ -15,15 +15,15 @@ from service.cli import app
 from service.config import Settings, get_settings
 from service.store import migrate
 from service.store.db import (
-    check_ready,
     default_engine,
     dispose_default_engines,
     make_engine,
     sqlite_file_path,
 )
+from service.store.migrate import check_ready
 from service.store.models import Base
 
-TABLES = {"modules", "hardware_models", "decisions", "trials", "group_records", "measurements"}
+TABLES = {"modules", "hardware_models", "decisions", "trials", "group_records"}
 
 
 def tables_of(url: str) -> set[str]:
@@ -59,8 +59,6 @@ def test_up_down_up(database_url: str) -> None:
 
 
 def test_decisions_stored_before_the_cost_model_version_read_unrecorded(database_url: str) -> None:
-    from sqlalchemy import text
-
     migrate.upgrade(database_url, "0001_initial")
     engine = make_engine(database_url, poolclass=NullPool)
     try:

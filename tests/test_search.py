@@ -10,7 +10,7 @@ from service.search.engine import tune
 from service.search.space import build_space
 from service.search.strategies import supertiling_plan
 
-from _shared import WORKLOADS  # noqa: E402  (../shared beside the repo)
+from _shared import WORKLOADS
 
 
 def source(name: str) -> str:

@@ -21,7 +21,7 @@ from typer.testing import CliRunner
 
 from service.cli import app
 from service.client import TilesearchClient, TilesearchError
-from tests._shared import WORKLOADS, workload
+from _shared import WORKLOADS, workload
 
 TILESEARCH = str(Path(sys.executable).with_name("tilesearch"))
 MATMUL = workload("matmul_1024")

@@ -29,7 +29,7 @@ from service.search.shapes import (
     parse_shape_hints,
 )
 from service.search.space import build_space
-from service.search.tasks import check_search_shapes
+from service.tiling.worker import check_search_shapes
 
 DYNAMIC_MATMUL = (WORKLOADS / "dynamic_matmul.mlir").read_text()  # (%x: tensor<?x1024xf32>, %w: tensor<1024x1024xf32>)
 MATMUL = (WORKLOADS / "matmul_1024.mlir").read_text()  # static

@@ -16,7 +16,7 @@ from service.search.engine import tune
 from service.search.knobs import KnobName, fuse_knob, group_name, group_of, loop_knob, tile_knob
 from service.search.space import build_space
 
-from _shared import workload as source  # noqa: E402  (../shared beside the repo)
+from _shared import workload as source
 
 
 def evaluated_plans(result) -> list[Plan]:

@@ -14,7 +14,7 @@ from service.search.engine import tune
 from service.search.space import build_space
 from service.search.start import blamed_group, params_from_group
 
-from _shared import workload  # noqa: E402  (../shared beside the repo)
+from _shared import workload
 
 
 # Two transformer head merges (transpose -> collapse_shape -> matmul). MLIR cannot fuse the

@@ -1,4 +1,4 @@
-"""Repository functions on SQLite and PostgreSQL: round-trips, pagination, unique keys,
+"""Store queries on SQLite and PostgreSQL: round-trips, pagination, unique keys,
 single-flight claims (threads and processes), lease takeover, retry of failures, group bests."""
 
 from __future__ import annotations
@@ -19,16 +19,13 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import NullPool
 
-from service.store import repo
+from service.store import catalog, decisions, measurements, searches
 from service.store.db import make_engine, make_sessionmaker, session_scope
+from service.store.decisions import ClaimOutcome, DecisionKeyParts, DecisionResult
 from service.store.models import Decision, DecisionStatus, GroupRecord, Module, Trial
-from service.store.repo import (
-    ClaimOutcome,
-    DecisionKeyParts,
-    DecisionResult,
-    InvalidCursor,
-    TrialRecord,
-)
+from service.store.models import HardwareModel as HardwareRow
+from service.store.query import InvalidCursor
+from service.store.searches import TrialRecord
 
 T = TypeVar("T")
 THREADS = 20
@@ -82,49 +79,49 @@ def count_rows(sessions: sessionmaker[Session], model: type) -> int:
 
 def test_decision_key_is_canonical_and_covers_every_part() -> None:
     base = parts()
-    assert repo.decision_key(base) == repo.decision_key(parts())
-    assert len(repo.decision_key(base)) == 64
-    keys = {repo.decision_key(base)}
+    assert decisions.decision_key(base) == decisions.decision_key(parts())
+    assert len(decisions.decision_key(base)) == 64
+    keys = {decisions.decision_key(base)}
     for name, value in base.as_dict().items():
         changed = DecisionKeyParts(**(base.as_dict() | {name: value + "'"}))
-        keys.add(repo.decision_key(changed))
+        keys.add(decisions.decision_key(changed))
     assert len(keys) == 1 + len(base.as_dict())
 
 
 def test_module_and_hardware_round_trip(sessions: sessionmaker[Session]) -> None:
     with session_scope(sessions) as session:
-        first = repo.upsert_module(session, "fp-a", "module {}", {"ops": {"linalg.matmul": 2}})
-        again = repo.upsert_module(session, "fp-a", "module { // other text }", {})
+        first = catalog.upsert_module(session, "fp-a", "module {}", {"ops": {"linalg.matmul": 2}})
+        again = catalog.upsert_module(session, "fp-a", "module { // other text }", {})
         assert again.id == first.id
-        repo.upsert_hardware(session, "hw-1", "cpu", {"cores": 2, "levels": [{"name": "L1"}]})
-        repo.upsert_hardware(session, "hw-1", "cpu", {"cores": 2})
-        repo.upsert_hardware(session, "hw-2", "cpu", {"cores": 4})
-        repo.upsert_hardware(session, "hw-3", "gpu", {"sms": 132})
+        catalog.upsert_hardware(session, "hw-1", "cpu", {"cores": 2, "levels": [{"name": "L1"}]})
+        catalog.upsert_hardware(session, "hw-1", "cpu", {"cores": 2})
+        catalog.upsert_hardware(session, "hw-2", "cpu", {"cores": 4})
+        catalog.upsert_hardware(session, "hw-3", "gpu", {"sms": 132})
     with session_scope(sessions) as session:
-        module = repo.get_module(session, "fp-a")
+        module = session.scalars(select(Module).where(Module.fingerprint == "fp-a")).one_or_none()
         assert module is not None
         assert module.text == "module {}" and module.op_summary == {"ops": {"linalg.matmul": 2}}
         assert module.created_at.tzinfo is not None
-        assert repo.get_module(session, "nope") is None
-        hardware = repo.get_hardware(session, "hw-1")
+        assert session.scalars(select(Module).where(Module.fingerprint == "nope")).one_or_none() is None
+        hardware = session.scalars(select(HardwareRow).where(HardwareRow.hash == "hw-1")).one_or_none()
         assert hardware is not None and hardware.spec["levels"] == [{"name": "L1"}]
-        newest = repo.get_hardware_by_name(session, "cpu")
+        newest = catalog.get_hardware_by_name(session, "cpu")
         assert newest is not None and newest.hash == "hw-2"
-        assert [h.hash for h in repo.list_hardware(session)] == ["hw-2", "hw-3"]
+        assert [h.hash for h in catalog.list_hardware(session)] == ["hw-2", "hw-3"]
     assert count_rows(sessions, Module) == 1
 
 
 def test_claim_complete_hit_round_trip(sessions: sessionmaker[Session]) -> None:
     with sessions() as session:
-        claim = repo.claim_decision(session, parts(), owner="a", lease_s=30)
+        claim = decisions.claim_decision(session, parts(), owner="a", lease_s=30)
         assert claim.outcome is ClaimOutcome.OWNED and claim.owned
         pending = claim.decision
         assert pending.status == DecisionStatus.PENDING and pending.lease_owner == "a"
-        assert pending.key == repo.decision_key(parts())
-        done = repo.complete_decision(session, pending.id, "a", RESULT)
+        assert pending.key == decisions.decision_key(parts())
+        done = decisions.complete_decision(session, pending.id, "a", RESULT)
         assert done is not None and done.status == DecisionStatus.DONE
     with sessions() as session:
-        stored = repo.get_decision(session, pending.id)
+        stored = decisions.get_decision(session, pending.id)
         assert stored is not None
         for field in ("plan", "predicted_cost", "baseline", "transform_script", "tiled_module",
                       "compilation_info", "origin_map", "search_stats", "timings"):
@@ -134,10 +131,10 @@ def test_claim_complete_hit_round_trip(sessions: sessionmaker[Session]) -> None:
         assert session.scalar(text("SELECT status FROM decisions")) == "done"  # the CHECK's value
         assert stored.module_fingerprint == "fp-a" and stored.provider_version.startswith("iree")
         assert stored.created_at.tzinfo is not None and stored.updated_at >= stored.created_at
-        assert repo.get_decision_by_key(session, stored.key) is not None
-        assert repo.get_decision(session, 10**9) is None
+        assert decisions.get_decision_by_key(session, stored.key) is not None
+        assert decisions.get_decision(session, 10**9) is None
 
-        hit = repo.claim_decision(session, parts(), owner="b", lease_s=30)
+        hit = decisions.claim_decision(session, parts(), owner="b", lease_s=30)
         assert hit.outcome is ClaimOutcome.HIT and hit.decision.id == pending.id
     assert count_rows(sessions, Decision) == 1
 
@@ -145,7 +142,7 @@ def test_claim_complete_hit_round_trip(sessions: sessionmaker[Session]) -> None:
 def test_list_decisions_keyset_pagination(sessions: sessionmaker[Session]) -> None:
     with sessions() as session:
         ids = [
-            repo.claim_decision(session, parts(f"fp-{i % 2}", f"hw-{i // 2}"), "o", 30).decision.id
+            decisions.claim_decision(session, parts(f"fp-{i % 2}", f"hw-{i // 2}"), "o", 30).decision.id
             for i in range(7)
         ]
     with sessions() as session:
@@ -153,33 +150,33 @@ def test_list_decisions_keyset_pagination(sessions: sessionmaker[Session]) -> No
         cursor = None
         pages = 0
         while True:
-            rows, cursor = repo.list_decisions(session, limit=3, cursor=cursor)
+            rows, cursor = decisions.list_decisions(session, limit=3, cursor=cursor)
             seen += [row.id for row in rows]
             pages += 1
             if cursor is None:
                 break
         assert pages == 3 and seen == sorted(ids, reverse=True)
 
-        rows, cursor = repo.list_decisions(session, fingerprint="fp-0", limit=10)
+        rows, cursor = decisions.list_decisions(session, fingerprint="fp-0", limit=10)
         assert cursor is None and [r.id for r in rows] == [ids[6], ids[4], ids[2], ids[0]]
-        rows, _ = repo.list_decisions(session, hardware_hash="hw-1")
+        rows, _ = decisions.list_decisions(session, hardware_hash="hw-1")
         assert [r.id for r in rows] == [ids[3], ids[2]]
-        rows, _ = repo.list_decisions(session, fingerprint="fp-0", hardware_hash="hw-1")
+        rows, _ = decisions.list_decisions(session, fingerprint="fp-0", hardware_hash="hw-1")
         assert [r.id for r in rows] == [ids[2]]
-        rows, _ = repo.list_decisions(session, status=DecisionStatus.DONE)
+        rows, _ = decisions.list_decisions(session, status=DecisionStatus.DONE)
         assert rows == []
-        rows, cursor = repo.list_decisions(session, limit=7)
+        rows, cursor = decisions.list_decisions(session, limit=7)
         assert len(rows) == 7 and cursor is None
 
         with pytest.raises(InvalidCursor):
-            repo.list_decisions(session, cursor="not-a-cursor")
+            decisions.list_decisions(session, cursor="not-a-cursor")
         with pytest.raises(ValueError):
-            repo.list_decisions(session, limit=0)
+            decisions.list_decisions(session, limit=0)
 
 
 def test_trials_save_replace_and_paginate(sessions: sessionmaker[Session]) -> None:
     with sessions() as session:
-        decision_id = repo.claim_decision(session, parts(), "o", 30).decision.id
+        decision_id = decisions.claim_decision(session, parts(), "o", 30).decision.id
     trials = [
         TrialRecord(number=n, plan={"tile": [n, 8]}, plan_hash=f"p{n}", feasible=n != 2,
                     cost={"latency_s": 0.1 * (n + 1)}, latency_s=0.1 * (n + 1),
@@ -187,14 +184,14 @@ def test_trials_save_replace_and_paginate(sessions: sessionmaker[Session]) -> No
         for n in range(5)
     ]
     with session_scope(sessions) as session:
-        assert repo.save_trials(session, decision_id, trials) == 5
-        assert repo.save_trials(session, decision_id, []) == 0
+        assert searches.save_trials(session, decision_id, trials) == 5
+        assert searches.save_trials(session, decision_id, []) == 0
     with session_scope(sessions) as session:  # a re-run replaces trial 1
-        repo.save_trials(session, decision_id, [TrialRecord(1, {"tile": [9]}, "p9", True)])
+        searches.save_trials(session, decision_id, [TrialRecord(1, {"tile": [9]}, "p9", True)])
     with sessions() as session:
-        page1, cursor = repo.list_trials(session, decision_id, limit=2)
-        page2, cursor2 = repo.list_trials(session, decision_id, limit=2, cursor=cursor)
-        page3, cursor3 = repo.list_trials(session, decision_id, limit=2, cursor=cursor2)
+        page1, cursor = searches.list_trials(session, decision_id, limit=2)
+        page2, cursor2 = searches.list_trials(session, decision_id, limit=2, cursor=cursor)
+        page3, cursor3 = searches.list_trials(session, decision_id, limit=2, cursor=cursor2)
         assert cursor3 is None
         numbers = [t.number for t in page1 + page2 + page3]
         assert numbers == [0, 1, 2, 3, 4]
@@ -207,10 +204,10 @@ def test_trials_save_replace_and_paginate(sessions: sessionmaker[Session]) -> No
 
 def test_unique_keys_are_enforced(sessions: sessionmaker[Session]) -> None:
     with sessions() as session:
-        decision_id = repo.claim_decision(session, parts(), "o", 30).decision.id
+        decision_id = decisions.claim_decision(session, parts(), "o", 30).decision.id
     cases: dict[str, Callable[[], list[object]]] = {
         "decision key (one stored above)": lambda: [
-            Decision(key=repo.decision_key(parts()), **parts().as_dict())
+            Decision(key=decisions.decision_key(parts()), **parts().as_dict())
         ],
         "module fingerprint": lambda: [
             Module(fingerprint="fp", text="", op_summary={}) for _ in range(2)
@@ -233,9 +230,9 @@ def test_unique_keys_are_enforced(sessions: sessionmaker[Session]) -> None:
 
 
 def test_claim_single_flight_threads(sessions: sessionmaker[Session]) -> None:
-    def claim(index: int) -> repo.Claim:
+    def claim(index: int) -> decisions.Claim:
         with sessions() as session:
-            return repo.claim_decision(session, parts(), owner=f"worker-{index}", lease_s=60)
+            return decisions.claim_decision(session, parts(), owner=f"worker-{index}", lease_s=60)
 
     claims = run_concurrently(THREADS, claim)
     outcomes = Counter(c.outcome for c in claims)
@@ -252,16 +249,16 @@ def test_single_flight_end_to_end_one_search(sessions: sessionmaker[Session]) ->
         owner = f"worker-{index}"
         with sessions() as session:
             while True:
-                claim = repo.claim_decision(session, parts(), owner=owner, lease_s=60)
+                claim = decisions.claim_decision(session, parts(), owner=owner, lease_s=60)
                 if claim.outcome is ClaimOutcome.HIT:
                     return claim.decision.id, claim.decision.status
                 if claim.owned:
                     searches.append(index)
                     time.sleep(0.2)  # the search
-                    done = repo.complete_decision(session, claim.decision.id, owner, RESULT)
+                    done = decisions.complete_decision(session, claim.decision.id, owner, RESULT)
                     assert done is not None
                     return done.id, done.status
-                row = repo.wait_for_decision(sessions, claim.decision.key, timeout_s=20)
+                row = decisions.wait_for_decision(sessions, claim.decision.key, timeout_s=20)
                 if row is not None and row.status == DecisionStatus.DONE:
                     return row.id, row.status
 
@@ -276,12 +273,12 @@ def test_claim_or_wait_serves_everyone_the_same_decision(sessions: sessionmaker[
 
     def resolve(index: int) -> int:
         owner = f"worker-{index}"
-        claim = repo.claim_or_wait(sessions, parts(), owner, lease_s=60, timeout_s=20)
+        claim = decisions.claim_or_wait(sessions, parts(), owner, lease_s=60, timeout_s=20)
         if claim.owned:
             searches.append(index)
             time.sleep(0.2)
             with sessions() as session:
-                done = repo.complete_decision(session, claim.decision.id, owner, RESULT)
+                done = decisions.complete_decision(session, claim.decision.id, owner, RESULT)
             assert done is not None
             return done.id
         assert claim.outcome is ClaimOutcome.HIT
@@ -292,9 +289,9 @@ def test_claim_or_wait_serves_everyone_the_same_decision(sessions: sessionmaker[
 
     # Nobody finishes: a waiter gives up after its timeout and says BUSY.
     with sessions() as session:
-        repo.claim_decision(session, parts("fp-slow"), owner="slow", lease_s=60)
+        decisions.claim_decision(session, parts("fp-slow"), owner="slow", lease_s=60)
     started = time.monotonic()
-    claim = repo.claim_or_wait(sessions, parts("fp-slow"), "impatient", lease_s=60, timeout_s=0.2)
+    claim = decisions.claim_or_wait(sessions, parts("fp-slow"), "impatient", lease_s=60, timeout_s=0.2)
     assert claim.outcome is ClaimOutcome.BUSY and time.monotonic() - started < 5
 
 
@@ -303,7 +300,7 @@ def _claim_in_process(url: str, owner: str, start_at: float, out: multiprocessin
     try:
         time.sleep(max(0.0, start_at - time.time()))
         with make_sessionmaker(engine)() as session:
-            claim = repo.claim_decision(session, parts(), owner=owner, lease_s=60)
+            claim = decisions.claim_decision(session, parts(), owner=owner, lease_s=60)
             out.put((claim.outcome.value, claim.decision.id))
     finally:
         engine.dispose()
@@ -331,16 +328,16 @@ def test_claim_single_flight_processes(migrated_url: str, sessions: sessionmaker
 def test_expired_lease_is_taken_over_once(sessions: sessionmaker[Session]) -> None:
     t0 = datetime(2030, 1, 1, tzinfo=UTC)
     with sessions() as session:
-        first = repo.claim_decision(session, parts(), owner="dead", lease_s=30, now=t0)
+        first = decisions.claim_decision(session, parts(), owner="dead", lease_s=30, now=t0)
         assert first.outcome is ClaimOutcome.OWNED
-        early = repo.claim_decision(session, parts(), "x", 30, now=t0 + timedelta(seconds=10))
+        early = decisions.claim_decision(session, parts(), "x", 30, now=t0 + timedelta(seconds=10))
         assert early.outcome is ClaimOutcome.BUSY and early.decision.lease_owner == "dead"
 
     later = t0 + timedelta(seconds=31)
 
-    def claim(index: int) -> repo.Claim:
+    def claim(index: int) -> decisions.Claim:
         with sessions() as session:
-            return repo.claim_decision(session, parts(), owner=f"w{index}", lease_s=30, now=later)
+            return decisions.claim_decision(session, parts(), owner=f"w{index}", lease_s=30, now=later)
 
     claims = run_concurrently(THREADS, claim)
     outcomes = Counter(c.outcome for c in claims)
@@ -352,88 +349,86 @@ def test_expired_lease_is_taken_over_once(sessions: sessionmaker[Session]) -> No
     with sessions() as session:
         new_owner = winner.decision.lease_owner
         assert new_owner is not None
-        # The old owner lost its lease: it can neither renew nor complete nor fail.
-        assert not repo.renew_lease(session, first.decision.id, "dead", 30)
-        assert repo.complete_decision(session, first.decision.id, "dead", RESULT) is None
-        assert repo.fail_decision(session, first.decision.id, "dead", "boom") is None
-        assert repo.renew_lease(session, first.decision.id, new_owner, 30, now=later)
-        done = repo.complete_decision(session, first.decision.id, new_owner, RESULT)
+        # The old owner lost its lease: it can neither complete nor fail.
+        assert decisions.complete_decision(session, first.decision.id, "dead", RESULT) is None
+        assert decisions.fail_decision(session, first.decision.id, "dead", "boom") is None
+        done = decisions.complete_decision(session, first.decision.id, new_owner, RESULT)
         assert done is not None and done.status == DecisionStatus.DONE
     assert count_rows(sessions, Decision) == 1
 
 
 def test_failed_decision_is_retried_not_served(sessions: sessionmaker[Session]) -> None:
     with sessions() as session:
-        claim = repo.claim_decision(session, parts(), owner="a", lease_s=30)
-        failed = repo.fail_decision(session, claim.decision.id, "a", "search crashed",
+        claim = decisions.claim_decision(session, parts(), owner="a", lease_s=30)
+        failed = decisions.fail_decision(session, claim.decision.id, "a", "search crashed",
                                     timings={"search_s": 1.0})
         assert failed is not None and failed.status == DecisionStatus.FAILED
         assert failed.error == "search crashed" and failed.lease_owner is None
 
-        retry = repo.claim_decision(session, parts(), owner="b", lease_s=30)
+        retry = decisions.claim_decision(session, parts(), owner="b", lease_s=30)
         assert retry.outcome is ClaimOutcome.TAKEN_OVER
         assert retry.decision.id == claim.decision.id
         assert retry.decision.status == DecisionStatus.PENDING and retry.decision.error is None
-        assert repo.claim_decision(session, parts(), "c", 30).outcome is ClaimOutcome.BUSY
-        assert repo.complete_decision(session, claim.decision.id, "b", RESULT) is not None
-        assert repo.claim_decision(session, parts(), "c", 30).outcome is ClaimOutcome.HIT
+        assert decisions.claim_decision(session, parts(), "c", 30).outcome is ClaimOutcome.BUSY
+        assert decisions.complete_decision(session, claim.decision.id, "b", RESULT) is not None
+        assert decisions.claim_decision(session, parts(), "c", 30).outcome is ClaimOutcome.HIT
 
 
 def test_wait_for_decision(sessions: sessionmaker[Session]) -> None:
-    assert repo.wait_for_decision(sessions, "no-such-key", timeout_s=0.1) is None
+    assert decisions.wait_for_decision(sessions, "no-such-key", timeout_s=0.1) is None
     with sessions() as session:
-        claim = repo.claim_decision(session, parts(), owner="a", lease_s=60)
+        claim = decisions.claim_decision(session, parts(), owner="a", lease_s=60)
     key = claim.decision.key
 
     started = time.monotonic()
-    row = repo.wait_for_decision(sessions, key, timeout_s=0.2)
+    row = decisions.wait_for_decision(sessions, key, timeout_s=0.2)
     assert row is not None and row.status == DecisionStatus.PENDING  # timed out
     assert 0.15 < time.monotonic() - started < 5
 
     def finish_soon() -> None:
         time.sleep(0.2)
         with sessions() as session:
-            repo.complete_decision(session, claim.decision.id, "a", RESULT)
+            decisions.complete_decision(session, claim.decision.id, "a", RESULT)
 
     finisher = threading.Thread(target=finish_soon)
     finisher.start()
-    row = repo.wait_for_decision(sessions, key, timeout_s=10)
+    row = decisions.wait_for_decision(sessions, key, timeout_s=10)
     finisher.join()
     assert row is not None and row.status == DecisionStatus.DONE
 
     # An owner that died: the waiter returns once the lease has expired, to take over.
     with sessions() as session:
-        dying = repo.claim_decision(session, parts("fp-b"), owner="dying", lease_s=0.3)
+        dying = decisions.claim_decision(session, parts("fp-b"), owner="dying", lease_s=0.3)
     started = time.monotonic()
-    row = repo.wait_for_decision(sessions, dying.decision.key, timeout_s=10)
+    row = decisions.wait_for_decision(sessions, dying.decision.key, timeout_s=10)
     assert row is not None and row.status == DecisionStatus.PENDING
     assert time.monotonic() - started < 5
     with sessions() as session:
-        assert repo.claim_decision(session, parts("fp-b"), "heir", 30).outcome is ClaimOutcome.TAKEN_OVER
+        assert decisions.claim_decision(session, parts("fp-b"), "heir", 30).outcome is ClaimOutcome.TAKEN_OVER
 
 
 def test_group_best_keeps_the_better_plan(sessions: sessionmaker[Session]) -> None:
     with session_scope(sessions) as session:
-        decision_id = repo.claim_decision(session, parts(), "o", 30).decision.id
+        decision_id = decisions.claim_decision(session, parts(), "o", 30).decision.id
     with session_scope(sessions) as session:
-        assert repo.record_group_best(session, signature="g1", hardware_hash="hw", plan={"t": 2},
+        assert searches.record_group_best(session, signature="g1", hardware_hash="hw", plan={"t": 2},
                                       latency_s=2.0)
-        assert not repo.record_group_best(session, signature="g1", hardware_hash="hw",
+        assert not searches.record_group_best(session, signature="g1", hardware_hash="hw",
                                           plan={"t": 3}, latency_s=3.0)
-        assert repo.record_group_best(session, signature="g1", hardware_hash="hw", plan={"t": 1},
+        assert searches.record_group_best(session, signature="g1", hardware_hash="hw", plan={"t": 1},
                                       latency_s=1.0, decision_id=decision_id)
-        assert repo.record_group_best(session, signature="g1", hardware_hash="other",
+        assert searches.record_group_best(session, signature="g1", hardware_hash="other",
                                       plan={"t": 9}, latency_s=9.0)
         with pytest.raises(ValueError):
-            repo.record_group_best(session, signature="g2", hardware_hash="hw", plan={},
+            searches.record_group_best(session, signature="g2", hardware_hash="hw", plan={},
                                    latency_s=float("nan"))
     with sessions() as session:
-        best = repo.best_group_plans(session, ["g1", "g2", "g1"], "hw")
+        best = searches.best_group_plans(session, ["g1", "g2", "g1"], "hw")
         assert set(best) == {"g1"}
         assert best["g1"].plan == {"t": 1} and best["g1"].latency_s == 1.0
         assert best["g1"].decision_id == decision_id
-        assert repo.best_group_plans(session, [], "hw") == {}
-        assert repo.best_group_plans(session, ["g1"], "other")["g1"].latency_s == 9.0
+        assert searches.best_group_plans(session, [], "hw") == {}
+        assert searches.best_group_plans(session, ["g1"], "other")["g1"].latency_s == 9.0
 
 
 def test_group_best_under_concurrent_writers(sessions: sessionmaker[Session]) -> None:
@@ -441,12 +436,12 @@ def test_group_best_under_concurrent_writers(sessions: sessionmaker[Session]) ->
 
     def record(index: int) -> bool:
         with session_scope(sessions) as session:
-            return repo.record_group_best(session, signature="g", hardware_hash="hw",
+            return searches.record_group_best(session, signature="g", hardware_hash="hw",
                                           plan={"i": index}, latency_s=latencies[index])
 
     run_concurrently(THREADS, record)
     with sessions() as session:
-        best = repo.best_group_plans(session, ["g"], "hw")["g"]
+        best = searches.best_group_plans(session, ["g"], "hw")["g"]
     assert best.latency_s == min(latencies)
     assert best.plan == {"i": latencies.index(min(latencies))}
     assert count_rows(sessions, GroupRecord) == 1
@@ -454,31 +449,30 @@ def test_group_best_under_concurrent_writers(sessions: sessionmaker[Session]) ->
 
 def test_measurements_round_trip(sessions: sessionmaker[Session]) -> None:
     with session_scope(sessions) as session:
-        decision_id = repo.claim_decision(session, parts(), "o", 30).decision.id
+        decision_id = decisions.claim_decision(session, parts(), "o", 30).decision.id
     with session_scope(sessions) as session:
-        saved = repo.save_measurement(
+        saved = measurements.save_measurement(
             session, plan_hash="p1", hardware_hash="hw", ok=True, median_s=9.5e-3,
             samples=[9.4e-3, 9.5e-3, 9.9e-3], config={"distribution": [256, 256, 0]},
             iree_version="3.13.0", decision_id=decision_id,
         )
         assert saved.id is not None
-        repo.save_measurement(session, plan_hash="p1", hardware_hash="hw", ok=False,
-                              error="vector tile too large")
-        repo.save_measurement(session, plan_hash="p1", hardware_hash="other", ok=True,
-                              median_s=1.0)
+        measurements.save_measurement(session, plan_hash="p1", hardware_hash="hw", ok=False,
+                                      error="vector tile too large")
+        measurements.save_measurement(session, plan_hash="p1", hardware_hash="other", ok=True, median_s=1.0)
     with sessions() as session:
-        rows = repo.list_measurements(session, "p1", "hw")
+        rows = measurements.list_measurements(session, "p1", "hw")
         assert [m.ok for m in rows] == [True, False]
         assert rows[0].samples == [9.4e-3, 9.5e-3, 9.9e-3] and rows[0].median_s == 9.5e-3
         assert rows[0].config == {"distribution": [256, 256, 0]}
         assert rows[0].decision_id == decision_id and rows[0].created_at.tzinfo is not None
         assert rows[1].error == "vector tile too large" and rows[1].samples == []
-        assert len(repo.list_measurements(session, "p1")) == 3
+        assert len(measurements.list_measurements(session, "p1")) == 3
 
 
 def test_session_scope_rolls_back_on_error(sessions: sessionmaker[Session]) -> None:
     with pytest.raises(RuntimeError):
         with session_scope(sessions) as session:
-            repo.upsert_module(session, "fp-x", "module {}")
+            catalog.upsert_module(session, "fp-x", "module {}")
             raise RuntimeError("request failed")
     assert count_rows(sessions, Module) == 0

@@ -1,9 +1,11 @@
-"""The tiling use case over a real store (SQLite and PostgreSQL) and a real MLIR sandbox."""
+"""The tiling use case over a real store (SQLite and PostgreSQL) and a real MLIR sandbox.
+
+`host-cpu` is the reference host conftest pins (workers inherit it), not the CI machine's CPU."""
 
 from __future__ import annotations
 
 import pytest
-from sqlalchemy import func, select
+from sqlalchemy import event, func, select
 
 from _shared import workload
 from service.config import Settings
@@ -11,7 +13,7 @@ from service.ir.errors import MLIRSyntaxError
 from service.ir.sandbox import Sandbox
 from service.measure.tools import host_translation_info
 from service.store.models import Decision, DecisionStatus, GroupRecord, Trial
-from service.tiling import TilingRequest, TilingService
+from service.tiling.service import TilingRequest, TilingService
 
 
 @pytest.fixture(scope="module")
@@ -21,8 +23,7 @@ def sandbox():
 
 
 @pytest.fixture
-def service(sessions, migrated_url, sandbox, tmp_path, monkeypatch) -> TilingService:
-    monkeypatch.setenv("TILESEARCH_HARDWARE_DIR", str(tmp_path / "hardware"))
+def service(sessions, migrated_url, sandbox) -> TilingService:
     return TilingService(sessions, sandbox, Settings(database_url=migrated_url, request_timeout_s=60))
 
 
@@ -88,8 +89,6 @@ def test_hardware_changes_the_decision(service) -> None:
 
 
 def test_repeat_hit_makes_no_database_query(service, engine) -> None:
-    from sqlalchemy import event
-
     request = TilingRequest(module=workload("matmul_1024"), hardware="host-cpu", budget=6)
     first = service.decide(request)
     service.decide(request)  # a hit; the hardware name is now cached for HARDWARE_TTL_S

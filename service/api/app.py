@@ -19,7 +19,7 @@ from service.api.routes import hardware, health, tilings
 from service.config import Settings, get_settings
 from service.ir.sandbox import Sandbox
 from service.store.db import make_engine, make_sessionmaker
-from service.tiling import TilingService
+from service.tiling.service import TilingService
 
 _STATIC_DIR = Path(__file__).parent / "static"
 

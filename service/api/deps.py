@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session
 from service.api.metrics import ApiMetrics
 from service.config import Settings
 from service.store.db import session_scope
-from service.tiling import TilingService
+from service.tiling.service import TilingService
 
 
 def get_app_settings(request: Request) -> Settings:

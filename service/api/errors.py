@@ -1,5 +1,6 @@
 """What each error a client can cause looks like on the wire. Every one is a 4xx (or a 503 for
-a full pool) with `{"detail": {"error", "message", ...}}` saying what to fix."""
+a full pool) with `{"detail": {"error", "message", ...}}` saying what to fix. Translation only:
+which errors are the client's is decided by the tiling service."""
 
 from __future__ import annotations
 
@@ -12,9 +13,9 @@ from sqlalchemy.exc import DataError
 from service.hardware.profiles import UnknownHardwareError
 from service.ir.errors import IRError, ModuleTooLargeError
 from service.ir.sandbox import IRCrashError, IRTimeoutError
-from service.store.db import session_scope
-from service.store.repo import InvalidCursor
-from service.tiling import PoolSaturated, known_hardware_names
+from service.search.errors import SearchInputError
+from service.store.query import InvalidCursor
+from service.tiling.errors import PoolSaturated, TilingFailed
 
 log = logging.getLogger("tilesearch.api")
 
@@ -22,32 +23,6 @@ log = logging.getLogger("tilesearch.api")
 def error_response(status: int, error: str, message: str, headers: dict[str, str] | None = None, **extra) -> JSONResponse:
     detail = {"error": error, "message": message, **{k: v for k, v in extra.items() if v is not None}}
     return JSONResponse({"detail": detail}, status_code=status, headers=headers)
-
-
-class ClientInputError(Exception):
-    """A request the service cannot act on (e.g. the search rejected its parameters): 422."""
-
-    def __init__(self, error: str, message: str) -> None:
-        super().__init__(message)
-        self.error = error
-        self.message = message
-
-
-def worker_failure(exc: Exception) -> ClientInputError | None:
-    """An unexpected exception raised inside a sandbox worker while it worked on the client's
-    module (pebble attaches the worker's traceback as the cause). Like a worker crash, it costs
-    that request only: a 422 naming the failure, and an ERROR log with the remote traceback,
-    since it is a tilesearch bug to fix. None for anything raised in this process."""
-    from pebble.common.types import RemoteTraceback
-
-    if not isinstance(exc.__cause__, RemoteTraceback):
-        return None
-    log.error("tiling task failed in a worker: %s: %s\n%s", type(exc).__name__, exc, exc.__cause__)
-    return ClientInputError(
-        "TilingFailed",
-        f"tilesearch could not tile this module ({type(exc).__name__}: {exc}); the module is kept out of the "
-        "cache and the failure is logged for a fix",
-    )
 
 
 def _ir_error(_request: Request, exc: IRError) -> JSONResponse:
@@ -61,11 +36,8 @@ def _ir_error(_request: Request, exc: IRError) -> JSONResponse:
     return JSONResponse({"detail": body}, status_code=422)
 
 
-def _unknown_hardware(request: Request, exc: UnknownHardwareError) -> JSONResponse:
-    with session_scope(request.app.state.sessions) as session:
-        known = known_hardware_names(session)
-    return error_response(404, "UnknownHardware", f"unknown hardware {exc.name!r}; known: {', '.join(known)}",
-                          known=known)
+def _unknown_hardware(_request: Request, exc: UnknownHardwareError) -> JSONResponse:
+    return error_response(404, "UnknownHardware", str(exc), known=exc.known)
 
 
 def _pool_saturated(_request: Request, exc: PoolSaturated) -> JSONResponse:
@@ -76,8 +48,14 @@ def _invalid_cursor(_request: Request, exc: InvalidCursor) -> JSONResponse:
     return error_response(422, "InvalidCursor", f"{exc}: pass back a next_cursor from a previous page")
 
 
-def _client_input(_request: Request, exc: ClientInputError) -> JSONResponse:
-    return error_response(422, exc.error, exc.message)
+def _search_input(_request: Request, exc: SearchInputError) -> JSONResponse:
+    """Search parameters the module cannot use (hints, buckets, strategy)."""
+    return error_response(422, "InvalidSearchParameters", str(exc))
+
+
+def _tiling_failed(_request: Request, exc: TilingFailed) -> JSONResponse:
+    """A worker-side bug (logged by the service): a 422 naming it, so a client never sees a 500."""
+    return error_response(422, "TilingFailed", str(exc))
 
 
 def _unstorable_value(_request: Request, exc: DataError) -> JSONResponse:
@@ -94,4 +72,5 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(UnknownHardwareError, _unknown_hardware)
     app.add_exception_handler(PoolSaturated, _pool_saturated)
     app.add_exception_handler(InvalidCursor, _invalid_cursor)
-    app.add_exception_handler(ClientInputError, _client_input)
+    app.add_exception_handler(SearchInputError, _search_input)
+    app.add_exception_handler(TilingFailed, _tiling_failed)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from service.tiling import TilingOutcome
+from service.tiling.service import TilingOutcome
 
 # Cache hits take milliseconds, searches seconds to a minute: buckets cover both.
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)

@@ -10,8 +10,8 @@ from pydantic import BaseModel, Field
 
 from service.hardware.model import HardwareModel
 from service.store.models import Decision, Trial
-from service.store.models import HardwareModel as HardwareRow
-from service.tiling import CacheState, TilingRequest
+from service.tiling.hardware import HardwareSource, NamedHardware
+from service.tiling.service import CacheState, TilingRequest
 
 __all__ = [
     "TilingRequest",
@@ -101,16 +101,12 @@ class TrialPage(BaseModel):
 class HardwareOut(BaseModel):
     name: str
     hash: str
-    source: Literal["builtin", "stored"]
+    source: HardwareSource
     spec: HardwareModel
 
     @classmethod
-    def from_model(cls, model: HardwareModel, source: Literal["builtin", "stored"]) -> "HardwareOut":
-        return cls(name=model.name, hash=model.content_hash(), source=source, spec=model)
-
-    @classmethod
-    def from_row(cls, row: HardwareRow) -> "HardwareOut":
-        return cls.from_model(HardwareModel.model_validate(row.spec), "stored")
+    def from_named(cls, named: NamedHardware) -> "HardwareOut":
+        return cls(name=named.model.name, hash=named.model.content_hash(), source=named.source, spec=named.model)
 
 
 class HardwareList(BaseModel):

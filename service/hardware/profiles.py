@@ -37,6 +37,10 @@ class UnknownHardwareError(KeyError):
     def __str__(self) -> str:  # KeyError would repr() the message
         return self.args[0]
 
+    def __reduce__(self):
+        # Raised in sandbox workers (e.g. `tilesearch cost`): rebuild from the fields, not the message.
+        return (type(self), (self.name, self.known))
+
 
 # --- host detection --------------------------------------------------------------------------
 

@@ -1,13 +1,19 @@
-"""One call from MLIR source to everything the rest of tilesearch needs to know about it."""
+"""One call from MLIR source to everything the rest of tilesearch needs to know about it, and
+the one per-process cache of analysed modules (workers see the same module many times)."""
 
 from __future__ import annotations
 
+import hashlib
+from collections import OrderedDict
 from dataclasses import dataclass
 
+from .errors import ModuleTooLargeError
 from .fingerprint import module_fingerprint
 from .graph import OpGraph, build_graph, tag_tileable_ops
 from .mlir import ir
-from .parse import parse_module
+from .parse import count_ops, parse_module
+
+ANALYSES_KEPT = 16
 
 
 @dataclass
@@ -25,3 +31,41 @@ def analyze(source: str | bytes, *, max_ops: int | None = None) -> Analysis:
     module = parse_module(source, max_ops=max_ops)
     tagged = tag_tileable_ops(module)
     return Analysis(module=module, tagged=tagged, graph=build_graph(tagged), fingerprint=module_fingerprint(module))
+
+
+def source_key(source: str | bytes) -> str:
+    """What the caches of one process know a module by: the sha256 of its text (or bytecode)."""
+    data = source if isinstance(source, bytes) else source.encode("utf-8", "surrogatepass")
+    return hashlib.sha256(data).hexdigest()
+
+
+@dataclass
+class _Cached:
+    analysis: Analysis
+    op_count: int | None = None  # counted when a caller first asks for a limit
+
+
+_analyses: OrderedDict[str, _Cached] = OrderedDict()
+
+
+def cached_analysis(source: str | bytes, max_ops: int | None = None) -> Analysis:
+    """`analyze`, kept for the last ANALYSES_KEPT module texts of this process.
+
+    `max_ops` holds on every call, also when the text was first analysed without a limit.
+    The result is shared: callers must not mutate its module (plans are applied to clones).
+    """
+    key = source_key(source)
+    cached = _analyses.get(key)
+    if cached is None:
+        cached = _Cached(analyze(source, max_ops=max_ops))
+        _analyses[key] = cached
+        if len(_analyses) > ANALYSES_KEPT:
+            _analyses.popitem(last=False)
+    else:
+        _analyses.move_to_end(key)
+        if max_ops is not None:
+            if cached.op_count is None:
+                cached.op_count = count_ops(cached.analysis.module)
+            if cached.op_count > max_ops:
+                raise ModuleTooLargeError(ops=cached.op_count, limit=max_ops)
+    return cached.analysis

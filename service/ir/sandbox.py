@@ -1,21 +1,25 @@
 """Run MLIR work in worker processes with a time limit.
 
 MLIR's C++ can abort or loop on hostile input; in a worker that costs one task, not the caller.
-Tasks are plain top-level functions taking and returning picklable data (MLIR text, JSON-able
-dicts): MLIR objects never cross a process boundary. pebble kills a worker that overruns its
+Tasks are plain top-level functions taking and returning picklable data (MLIR text, pydantic
+models): MLIR objects never cross a process boundary. pebble kills a worker that overruns its
 time limit and replaces one that died.
 """
 
 from __future__ import annotations
 
 import multiprocessing
+from collections.abc import Callable
+from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, TypeVar
 
 from pebble import ProcessExpired, ProcessPool
 
 from .errors import IRError
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -45,11 +49,11 @@ class Sandbox:
         )
         self.workers = workers
 
-    def submit(self, fn: Callable[..., Any], *args: Any, timeout: float):
+    def submit(self, fn: Callable[..., T], *args: Any, timeout: float) -> Future[T]:
         """A future for fn(*args) run in a worker, stopped after `timeout` seconds."""
         return self._pool.schedule(fn, args=args, timeout=timeout)
 
-    def run(self, fn: Callable[..., Any], *args: Any, timeout: float) -> Any:
+    def run(self, fn: Callable[..., T], *args: Any, timeout: float) -> T:
         """fn(*args) in a worker; IRTimeoutError / IRCrashError instead of a hang or a crash."""
         return result_of(self.submit(fn, *args, timeout=timeout), timeout)
 
@@ -64,7 +68,9 @@ class Sandbox:
         self.close()
 
 
-def result_of(future, timeout: float) -> Any:
+def result_of(future: Future[T], timeout: float) -> T:
+    """The future's result; IRTimeoutError past `timeout`, IRCrashError if its worker died.
+    An exception the task raised is raised as it is (pebble pickles it across)."""
     try:
         return future.result()
     except FutureTimeout:

@@ -1,47 +1,45 @@
-"""IR work as plain functions over text and JSON: what sandbox workers run.
+"""IR work as plain functions over text, for sandbox workers (the CLI's inspect and apply).
 
-Each worker process keeps its MLIR context and a small cache of analysed modules keyed by the
-text's hash, so repeated work on one module does not re-parse it.
+Inputs are MLIR text (or bytecode) and JSON-shaped plans; outputs are pydantic models, which
+pickle across the process boundary. Modules are parsed once per worker (`cached_analysis`).
 """
 
 from __future__ import annotations
 
-import hashlib
-from collections import OrderedDict
+from typing import Any
 
-from .analysis import Analysis, analyze
+from pydantic import BaseModel
+
+from .analysis import cached_analysis
 from .plan import Plan
 from .transform import apply_plan
 
-_CACHE_SIZE = 16
-_analyses: OrderedDict[str, Analysis] = OrderedDict()
+
+class ModuleInspection(BaseModel):
+    """A module's fingerprint and op graph (`OpGraph.to_json`: ops, edges, fuse groups)."""
+
+    fingerprint: str
+    ops: list[dict[str, Any]]
+    edges: list[dict[str, Any]]
+    fuse_groups: dict[str, Any]
 
 
-def cached_analysis(source: str, *, max_ops: int | None = None) -> Analysis:
-    key = hashlib.sha256(source.encode("utf-8", "surrogatepass")).hexdigest()
-    hit = _analyses.get(key)
-    if hit is not None:
-        _analyses.move_to_end(key)
-        return hit
-    result = analyze(source, max_ops=max_ops)
-    _analyses[key] = result
-    if len(_analyses) > _CACHE_SIZE:
-        _analyses.popitem(last=False)
-    return result
+class AppliedPlan(BaseModel):
+    """A plan applied to a clone of the module: the tiled text, its script and origin map."""
+
+    tiled_module: str
+    transform_script: str
+    origin: dict[str, Any]
 
 
-def inspect_module(source: str, max_ops: int | None = None) -> dict:
-    """Fingerprint and op graph of a module, as JSON."""
+def inspect_module(source: str | bytes, max_ops: int | None = None) -> ModuleInspection:
+    """Fingerprint and op graph of a module."""
     a = cached_analysis(source, max_ops=max_ops)
-    return {"fingerprint": a.fingerprint, **a.graph.to_json()}
+    return ModuleInspection(fingerprint=a.fingerprint, **a.graph.to_json())
 
 
-def apply_plan_to_text(source: str, plan_json: dict, max_ops: int | None = None) -> dict:
-    """Tiled module text, transform script and origin map for a plan."""
+def apply_plan_to_text(source: str | bytes, plan: Plan | dict[str, Any], max_ops: int | None = None) -> AppliedPlan:
+    """Tiled module text, transform script and origin map for a plan (PlanError if it breaks a rule)."""
     a = cached_analysis(source, max_ops=max_ops)
-    applied = apply_plan(a.tagged, Plan.model_validate(plan_json), a.graph)
-    return {
-        "tiled_module": str(applied.module),
-        "transform_script": applied.script,
-        "origin": applied.origin.to_json(),
-    }
+    applied = apply_plan(a.tagged, Plan.model_validate(plan), a.graph)
+    return AppliedPlan(tiled_module=str(applied.module), transform_script=applied.script, origin=applied.origin.to_json())

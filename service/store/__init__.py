@@ -1,2 +1,4 @@
-"""The decision store: engines and sessions (db), tables (models), queries (repo), schema
-migrations (migrate). Plain library code, shared by the API, the CLI and the workers."""
+"""The decision store: engines and sessions (db), tables (models), schema migrations and
+readiness (migrate), and queries by resource: decisions and their single-flight claim
+(decisions), trials and group records (searches), modules and hardware rows (catalog).
+Plain library code, shared by the API, the CLI and the workers."""

@@ -12,7 +12,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, event, text
+from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -128,21 +128,3 @@ def dispose_default_engines() -> None:
         _default_engines.clear()
     for engine in engines:
         engine.dispose()
-
-
-def check_ready(engine: Engine) -> tuple[bool, str]:
-    """Whether the database answers and its schema is at the migrations' head, and why not."""
-    from service.store import migrate  # alembic is only needed here, not on every import
-
-    try:
-        with engine.connect() as connection:
-            connection.execute(text("SELECT 1"))
-            current = migrate.current_revisions(connection)
-    except Exception as exc:  # any driver error means "not ready", with its message
-        return False, f"database unreachable: {type(exc).__name__}: {exc}".strip()
-    heads = migrate.head_revisions()
-    if current != heads:
-        have = ", ".join(sorted(current)) or "none"
-        want = ", ".join(sorted(heads))
-        return False, f"migrations not at head: database at {have}, code at {want}"
-    return True, f"ok (revision {', '.join(sorted(heads))})"

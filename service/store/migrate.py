@@ -1,5 +1,6 @@
-"""Schema migrations through Alembic's command API (no subprocess), for the CLI, tests and
-readiness checks. The scripts live in ``migrations/`` at the repository root.
+"""Schema migrations through Alembic's command API (no subprocess), for the CLI and tests, and
+the readiness check (database answers, schema at the migrations' head). The scripts live in
+``migrations/`` at the repository root. Depends on ``db``, never the other way round.
 """
 
 from __future__ import annotations
@@ -11,10 +12,11 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import Connection
+from sqlalchemy import Connection, Engine, text
 from sqlalchemy.engine import URL
 from sqlalchemy.pool import NullPool
 
+from service.config import get_settings
 from service.store.db import make_engine, normalize_url
 
 MIGRATIONS_DIR = Path(__file__).resolve().parents[2] / "migrations"
@@ -54,8 +56,6 @@ def current_revisions(connection: Connection) -> frozenset[str]:
 def current(url: str | URL | None = None) -> str | None:
     """The database's revision, or None for an empty (never migrated) database."""
     if url is None:
-        from service.config import get_settings
-
         url = get_settings().database_url
     engine = make_engine(url, poolclass=NullPool)
     try:
@@ -66,3 +66,19 @@ def current(url: str | URL | None = None) -> str | None:
     if len(revisions) > 1:
         raise RuntimeError(f"database has several heads: {sorted(revisions)}")
     return next(iter(revisions), None)
+
+
+def check_ready(engine: Engine) -> tuple[bool, str]:
+    """Whether the database answers and its schema is at the migrations' head, and why not."""
+    try:
+        with engine.connect() as connection:
+            connection.execute(text("SELECT 1"))
+            current = current_revisions(connection)
+    except Exception as exc:  # any driver error means "not ready", with its message
+        return False, f"database unreachable: {type(exc).__name__}: {exc}".strip()
+    heads = head_revisions()
+    if current != heads:
+        have = ", ".join(sorted(current)) or "none"
+        want = ", ".join(sorted(heads))
+        return False, f"migrations not at head: database at {have}, code at {want}"
+    return True, f"ok (revision {', '.join(sorted(heads))})"

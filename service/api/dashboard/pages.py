@@ -36,7 +36,7 @@ from service.api.dashboard.auth import (
 from service.api.dashboard.op_graph import dag_view, module_graph_task
 from service.api.deps import DbSession
 from service.store import dashboard_queries as queries
-from service.store import repo
+from service.store import catalog, decisions
 from service.store.models import DecisionStatus
 
 TEMPLATE_DIR = Path(__file__).resolve().parent.parent / "templates"
@@ -247,12 +247,12 @@ def _shape_hints(shape_bucket: str) -> dict:
 
 @pages.get("/decisions/{decision_id}", response_class=HTMLResponse)
 def decision_page(decision_id: int, request: Request, session: DbSession) -> HTMLResponse:
-    row = repo.get_decision(session, decision_id) if 0 < decision_id < 2**31 else None
+    row = decisions.get_decision(session, decision_id) if 0 < decision_id < 2**31 else None
     if row is None:
         return _not_found(request, f"decision {decision_id}")
     hardware = views.known_hardware(session)
     names = views.hardware_names(session, hardware, {row.hardware_hash})
-    module = repo.get_module(session, row.module_fingerprint)
+    module = catalog.get_module(session, row.module_fingerprint)
     summary = views.decision_row(row, module, names)
     model = views.hardware_model_for(session, row.hardware_hash, hardware)
 

@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session
 
 from service.hardware.model import HardwareModel
 from service.hardware.profiles import get_profile, list_profiles
-from service.store import repo
+from service.store import catalog
 from service.store.dashboard_queries import PredictedMeasured
 from service.store.models import Decision, Module, Trial
 
@@ -55,7 +55,7 @@ def known_hardware(session: Session) -> list[KnownHardware]:
         except ValueError:  # an invalid JSON profile in the hardware dir: not nameable
             continue
         found[name] = KnownHardware(name, model.content_hash(), "builtin", model)
-    for row in repo.list_hardware(session):
+    for row in catalog.list_hardware(session):
         model = HardwareModel.model_validate(row.spec)
         found[row.name] = KnownHardware(row.name, row.hash, "stored", model)
     return [found[name] for name in sorted(found)]
@@ -65,7 +65,7 @@ def hardware_names(session: Session, hardware: list[KnownHardware], hashes: set[
     """hash -> name for every hash given (older stored versions of a name included)."""
     names = {h.hash: h.name for h in hardware}
     for h in hashes - names.keys():
-        row = repo.get_hardware(session, h)
+        row = catalog.get_hardware(session, h)
         if row is not None:
             names[h] = row.name
     return names
@@ -76,7 +76,7 @@ def hardware_model_for(session: Session, hardware_hash: str, hardware: list[Know
     for h in hardware:
         if h.hash == hardware_hash:
             return h.model
-    row = repo.get_hardware(session, hardware_hash)
+    row = catalog.get_hardware(session, hardware_hash)
     return HardwareModel.model_validate(row.spec) if row is not None else None
 
 

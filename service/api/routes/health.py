@@ -8,7 +8,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from service.api.deps import MetricsDep
 from service.api.schemas import Health, Readiness
-from service.store.db import check_ready
+from service.store.migrate import check_ready
 
 router = APIRouter(tags=["health"])
 

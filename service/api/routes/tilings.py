@@ -8,13 +8,14 @@ from typing import Annotated
 from fastapi import APIRouter, HTTPException, Query
 
 from service.api.deps import DbSession, MetricsDep, TilingServiceDep, WriteAuth
-from service.api.errors import ClientInputError, worker_failure
 from service.api.schemas import DecisionOut, DecisionPage, DecisionSummary, ErrorBody, TilingRequest, TrialOut, TrialPage
 from service.hardware.profiles import UnknownHardwareError
 from service.ir.errors import IRError
 from service.search.errors import SearchInputError
-from service.store import repo
-from service.tiling import PoolSaturated, resolve_hardware
+from service.store import decisions, searches
+from service.store.query import DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE
+from service.tiling.errors import PoolSaturated, TilingFailed
+from service.tiling.hardware import resolve_hardware
 
 router = APIRouter(prefix="/v1/tilings", tags=["tilings"])
 
@@ -33,18 +34,12 @@ def create_tiling(body: TilingRequest, service: TilingServiceDep, metrics: Metri
     """The decision for a module on a hardware model: stored (hit) or searched (warm / miss)."""
     try:
         outcome = service.decide(body)
-    except (IRError, UnknownHardwareError, PoolSaturated) as exc:
+    except (IRError, UnknownHardwareError, PoolSaturated, SearchInputError) as exc:
         metrics.tiling_errors.labels(type(exc).__name__).inc()
         raise
-    except SearchInputError as exc:  # parameters the search cannot use (hints, buckets)
-        metrics.tiling_errors.labels(type(exc).__name__).inc()
-        raise ClientInputError("InvalidSearchParameters", str(exc)) from None
-    except Exception as exc:
-        failure = worker_failure(exc)
-        if failure is None:
-            raise  # our own fault (e.g. the database): a real 500
-        metrics.tiling_errors.labels(type(exc).__name__).inc()
-        raise failure from None
+    except TilingFailed as exc:
+        metrics.tiling_errors.labels(exc.error).inc()
+        raise
     metrics.observe_tiling(outcome)
     return DecisionOut.from_row(outcome.decision, cache=outcome.cache, request_timings=outcome.timings)
 
@@ -54,12 +49,12 @@ def list_tilings(
     session: DbSession,
     fingerprint: Annotated[str | None, Query(pattern=r"^[0-9a-f]{1,128}$", description="module fingerprint (hex)")] = None,
     hardware: Annotated[str | None, Query(max_length=200, description="hardware name or content hash")] = None,
-    limit: Annotated[int, Query(ge=1, le=repo.MAX_PAGE_SIZE)] = repo.DEFAULT_PAGE_SIZE,
+    limit: Annotated[int, Query(ge=1, le=MAX_PAGE_SIZE)] = DEFAULT_PAGE_SIZE,
     cursor: Annotated[str | None, Query(pattern=_CURSOR, max_length=200)] = None,
 ) -> DecisionPage:
     """Decisions newest first, one page; follow `next_cursor`."""
     hardware_hash = _hardware_hash(session, hardware) if hardware is not None else None
-    rows, next_cursor = repo.list_decisions(
+    rows, next_cursor = decisions.list_decisions(
         session, fingerprint=fingerprint, hardware_hash=hardware_hash, limit=limit, cursor=cursor
     )
     return DecisionPage(items=[DecisionSummary.from_row(r) for r in rows], next_cursor=next_cursor)
@@ -74,18 +69,18 @@ def get_tiling(decision_id: int, session: DbSession) -> DecisionOut:
 def list_trials(
     decision_id: int,
     session: DbSession,
-    limit: Annotated[int, Query(ge=1, le=repo.MAX_PAGE_SIZE)] = 100,
+    limit: Annotated[int, Query(ge=1, le=MAX_PAGE_SIZE)] = 100,
     cursor: Annotated[str | None, Query(pattern=_CURSOR, max_length=200)] = None,
 ) -> TrialPage:
     """The plans a decision's search evaluated, by trial number."""
     _decision_or_404(session, decision_id)
-    rows, next_cursor = repo.list_trials(session, decision_id, limit=limit, cursor=cursor)
+    rows, next_cursor = searches.list_trials(session, decision_id, limit=limit, cursor=cursor)
     return TrialPage(items=[TrialOut.from_row(r) for r in rows], next_cursor=next_cursor)
 
 
 def _decision_or_404(session, decision_id: int):
     # Out-of-range ids cannot exist (and would overflow PostgreSQL's INTEGER).
-    row = repo.get_decision(session, decision_id) if 0 < decision_id < 2**31 else None
+    row = decisions.get_decision(session, decision_id) if 0 < decision_id < 2**31 else None
     if row is None:
         raise HTTPException(404, {"error": "NotFound", "message": f"no decision {decision_id}"})
     return row

@@ -1,0 +1,154 @@
+"""The typed contract between the tiling service and its sandbox workers.
+
+What crosses the process boundary is MLIR text plus these models (they pickle; no MLIR object
+ever does). Errors cross typed as well: a worker's IRError (with diagnostics), PlanError (with
+its group), ShapeHintError / SearchInputError or ModuleTooLargeError reaches the caller as the
+same exception type with the same fields.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from service.hardware.model import HardwareModel
+from service.ir.plan import Level, Plan
+from service.ir.tasks import AppliedPlan
+
+# Shape hints as a request gives them ({"arg0": [128, 1024]} or "128x1024"), and buckets.
+ShapeHints = dict[str, list[int] | str]
+Buckets = dict[str, list[int]]
+Strategy = Literal["tpe", "nsga2", "random", "exhaustive", "supertiling"]
+
+
+class _Contract(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+# --------------------------------------------------------------------------- analyse
+
+
+class OpSummary(_Contract):
+    """A tileable op as the store's module row summarises it."""
+
+    uid: int
+    name: str
+    kind: str
+    loop_ranges: list[int | None]
+
+
+class GroupSite(_Contract):
+    """An op that may anchor a tile group, with the signature its group records are stored by."""
+
+    anchor: int
+    signature: str
+
+
+class ModuleAnalysis(_Contract):
+    """`analyse_request`'s answer: what the service needs before it claims a decision."""
+
+    fingerprint: str
+    ops: list[OpSummary]
+    groups: list[GroupSite]
+
+
+# --------------------------------------------------------------------------- warm starts
+
+
+class RelativeMember(BaseModel):
+    """A fused op named by its signature and where it sits from the anchor (edges away)."""
+
+    signature: str
+    relation: Literal["producer", "consumer"]
+    distance: int | None
+
+
+class RelativeGroupPlan(BaseModel):
+    """A group's plan with its members named by structure, not uid: replayable on another module.
+    Stored as a group record's plan (extra keys of older records are ignored)."""
+
+    anchor_signature: str
+    fuse: list[RelativeMember]
+    levels: list[Level]
+
+
+class WarmStart(_Contract):
+    """A stored group plan to translate onto this module's group anchored at `anchor`."""
+
+    signature: str
+    anchor: int
+    relative: RelativeGroupPlan
+
+
+# --------------------------------------------------------------------------- search
+
+
+class SearchTask(_Contract):
+    """`search_and_realise`'s input besides the module text."""
+
+    hardware: HardwareModel
+    budget: int
+    seconds: float
+    strategy: Strategy
+    seed: int
+    shape_hints: ShapeHints | None = None
+    buckets: Buckets | None = None
+    warm_starts: list[WarmStart] = Field(default_factory=list)
+
+
+class AnchorCompilationInfo(_Contract):
+    """IREE's `compilation_info` attribute for one contraction/convolution anchor."""
+
+    op: str
+    compilation_info: str
+    # IREE silently drops compilation_info on linalg.conv_2d_* (see README).
+    honoured_by_iree: bool
+
+
+class TrialOutcome(_Contract):
+    """One evaluated plan of the search, as the store keeps it."""
+
+    number: int
+    plan: Plan
+    plan_hash: str
+    feasible: bool
+    cost: dict[str, Any] | None = None
+    latency_s: float | None = None
+    reason: str | None = None
+
+
+class GroupBest(_Contract):
+    """A group of the best plan, relative to its anchor, for the group records (warm starts)."""
+
+    signature: str
+    plan: RelativeGroupPlan
+    latency_s: float
+
+
+class SearchStats(_Contract):
+    """How the search went; stored on the decision as `search_stats`."""
+
+    strategy: str
+    budget: int
+    seed: int
+    evaluations: int
+    evaluations_per_s: float
+    complete: bool
+    space_size: int
+    warnings: list[str]
+    dispatch: list[dict[str, Any]] | None
+    buckets: list[dict[str, Any]] | None
+
+
+class SearchOutcome(_Contract):
+    """`search_and_realise`'s answer: the best plan realised, and what the store keeps of the search."""
+
+    plan: Plan
+    predicted: dict[str, Any]
+    baseline: dict[str, Any] | None
+    realised: AppliedPlan | None = Field(description="None when the plan leaves the module untiled")
+    compilation_info: dict[str, AnchorCompilationInfo]
+    trials: list[TrialOutcome]
+    group_bests: list[GroupBest]
+    stats: SearchStats

@@ -1,0 +1,151 @@
+"""The tiling tasks a sandbox worker runs: module text and contract models in, contract models
+out (service.tiling.contract). Each worker parses a module once (`cached_analysis`) and reuses
+it across the tasks of one request."""
+
+from __future__ import annotations
+
+from service.hardware.model import HardwareModel
+from service.ir.analysis import cached_analysis
+from service.ir.graph import OpGraph
+from service.ir.plan import Plan
+from service.ir.tasks import apply_plan_to_text
+from service.measure.lowering import CONFIGURABLE_KINDS, compilation_info_text, lowering_config_from_levels
+from service.measure.tools import host_translation_info
+from service.search.engine import tune
+from service.search.results import TuneResult
+from service.search.shapes import check_shapes, parse_buckets, parse_shape_hints
+
+from .contract import (
+    AnchorCompilationInfo,
+    Buckets,
+    GroupBest,
+    GroupSite,
+    ModuleAnalysis,
+    OpSummary,
+    SearchOutcome,
+    SearchStats,
+    SearchTask,
+    ShapeHints,
+    TrialOutcome,
+)
+from .warm_start import group_signature, relative_group_plan, warm_start_plans
+
+
+def analyse_request(source: str, max_ops: int | None) -> ModuleAnalysis:
+    """Fingerprint, op summary and the group signature of every op (possible anchors)."""
+    a = cached_analysis(source, max_ops=max_ops)
+    g = a.graph
+    return ModuleAnalysis(
+        fingerprint=a.fingerprint,
+        ops=[OpSummary(uid=op.uid, name=op.name, kind=op.kind, loop_ranges=op.loop_ranges) for op in g.ops.values()],
+        groups=[GroupSite(anchor=uid, signature=group_signature(g, uid)) for uid in g.topological_order()],
+    )
+
+
+def check_search_shapes(source: str, shape_hints: ShapeHints | None, buckets: Buckets | None) -> None:
+    """Raise ShapeHintError when the hints or buckets do not fit the module (before a search is
+    claimed: a request with a misfit records no decision)."""
+    hints, bucket_map = parse_shape_hints(shape_hints), parse_buckets(buckets)
+    a = cached_analysis(source)
+    check_shapes(a.module, a.graph, hints, bucket_map)
+
+
+def compilation_infos(graph: OpGraph, plan: Plan, translation_info: str | None = None) -> dict[str, AnchorCompilationInfo]:
+    """IREE `compilation_info` attribute text per contraction/convolution anchor of the plan,
+    with `translation_info` (default: the pipeline without options)."""
+    out = {}
+    for group in plan.groups:
+        op = graph.op(group.anchor)
+        if op.kind not in CONFIGURABLE_KINDS or len(group.levels) > 3:
+            continue
+        levels = [level.model_dump() for level in group.levels]
+        config = lowering_config_from_levels(levels, op.iterator_types, anchor=op.name)
+        out[str(op.uid)] = AnchorCompilationInfo(
+            op=op.name,
+            compilation_info=compilation_info_text(config, translation_info),
+            honoured_by_iree=op.kind == "contraction",
+        )
+    return out
+
+
+def _translation_info_for(hardware: HardwareModel) -> str | None:
+    """The pipeline options IREE uses on this machine when the plan is for it (host-cpu is the
+    machine the service runs on): on AVX2 IREE peels remainders, and a compilation_info without
+    `enable_loop_peeling` there compiles masked vectors, which run much slower."""
+    if hardware.name != "host-cpu":
+        return None
+    return host_translation_info()
+
+
+def _trials(result: TuneResult) -> list[TrialOutcome]:
+    return [
+        TrialOutcome(
+            number=i,
+            plan=t.plan,
+            plan_hash=t.plan_hash or "",
+            feasible=t.feasible,
+            cost=t.cost,
+            latency_s=t.latency_s,
+            reason=t.reason,
+        )
+        for i, t in enumerate(result.trials)
+        if t.plan is not None
+    ]
+
+
+def _group_bests(graph: OpGraph, plan: Plan, result: TuneResult) -> list[GroupBest]:
+    latency = result.predicted.get("latency_s")
+    if not result.feasible or latency is None:
+        return []
+    return [
+        GroupBest(signature=group_signature(graph, group.anchor), plan=relative_group_plan(graph, group), latency_s=float(latency))
+        for group in plan.groups
+    ]
+
+
+def _stats(result: TuneResult) -> SearchStats:
+    return SearchStats(
+        strategy=result.strategy,
+        budget=result.budget,
+        seed=result.seed,
+        evaluations=result.evaluations,
+        evaluations_per_s=result.evaluations_per_s,
+        complete=result.complete,
+        space_size=result.space_size,
+        warnings=result.warnings,
+        dispatch=result.dispatch,
+        buckets=[b.model_dump() for b in result.buckets] if result.buckets else None,
+    )
+
+
+def search_and_realise(source: str, task: SearchTask) -> SearchOutcome:
+    """Search (in this worker, one process), then realise the best plan: tiled IR, script,
+    origin map, IREE compilation_info, trials and group records for the store."""
+    graph = cached_analysis(source).graph
+    warm = warm_start_plans(graph, task.warm_starts)
+    # Plans are evaluated in a worker this job process keeps (pebble's workers may start
+    # processes): a plan that crashes MLIR costs that plan, as in the CLI, not the request.
+    result = tune(
+        source,
+        task.hardware,
+        budget=task.budget,
+        seconds=task.seconds,
+        strategy=task.strategy,
+        seed=task.seed,
+        shape_hints=task.shape_hints,
+        buckets=task.buckets,
+        workers=1,
+        keep_pool=True,
+        warm_start_plans=warm or None,
+    )
+    plan = Plan.model_validate(result.plan)
+    return SearchOutcome(
+        plan=plan,
+        predicted=result.predicted,
+        baseline=result.baseline,
+        realised=apply_plan_to_text(source, plan) if plan.groups else None,
+        compilation_info=compilation_infos(graph, plan, _translation_info_for(hardware=task.hardware)),
+        trials=_trials(result),
+        group_bests=_group_bests(graph, plan, result),
+        stats=_stats(result),
+    )
