@@ -9,7 +9,6 @@ engine drives any `PlanEvaluator` (tests drive it with a fake one).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -20,7 +19,7 @@ from typing import Any, Protocol, TypedDict
 
 from service.hardware.cost import NestMemo, estimate_cost
 from service.hardware.model import HardwareModel
-from service.ir.analysis import analyze
+from service.ir.analysis import cached_analysis, source_key
 from service.ir.errors import PlanError
 from service.ir.extract import NotExtractable, extract_ops
 from service.ir.graph import build_graph
@@ -57,27 +56,11 @@ class PlanScore(TypedDict, total=False):
 
 # --------------------------------------------------------------------------- worker side
 
-_analyses: OrderedDict[str, Any] = OrderedDict()
 _extracts: OrderedDict[tuple, Any] = OrderedDict()  # (source hash, scope) -> (module, graph) | reason
 _hardware: dict[str, HardwareModel] = {}
 # Nest costs kept across plans (service.hardware.cost.NestMemo), per (source hash, scope,
 # hardware, shape hints).
 _nest_costs: OrderedDict[tuple, dict] = OrderedDict()
-
-
-def _source_key(source: str) -> str:
-    """What a worker's caches know a module by."""
-    return hashlib.sha256(source.encode()).hexdigest()
-
-
-def _analysis(source: str):
-    key = _source_key(source)
-    if key not in _analyses:
-        _analyses[key] = analyze(source)
-        if len(_analyses) > 8:
-            _analyses.popitem(last=False)
-    _analyses.move_to_end(key)
-    return _analyses[key]
 
 
 def _hardware_of(hardware_json: str) -> HardwareModel:
@@ -88,10 +71,10 @@ def _hardware_of(hardware_json: str) -> HardwareModel:
 
 def _extract(source: str, scope: tuple[int, ...]):
     """(tagged extract, its graph) of the scope's ops, cached per worker; raises NotExtractable."""
-    key = (_source_key(source), scope)
+    key = (source_key(source), scope)
     if key not in _extracts:
         try:
-            module = extract_ops(_analysis(source).tagged, set(scope))
+            module = extract_ops(cached_analysis(source).tagged, set(scope))
             _extracts[key] = (module, build_graph(module))
         except NotExtractable as err:
             _extracts[key] = str(err)
@@ -117,7 +100,7 @@ def _kept_nest_costs(source: str, scope: list[int] | None, hardware_json: str, s
     hints; None on dynamic shapes (see NestMemo)."""
     if not graph.has_static_shapes():
         return None
-    key = (_source_key(source), tuple(scope or ()), hardware_json, json.dumps(shape_hints or {}, sort_keys=True))
+    key = (source_key(source), tuple(scope or ()), hardware_json, json.dumps(shape_hints or {}, sort_keys=True))
     if key not in _nest_costs:
         _nest_costs[key] = {}
         if len(_nest_costs) > 8:
@@ -147,7 +130,7 @@ def evaluate_plans(source: str, hardware_json: str, shape_hints: dict, plans: li
     With `scope` (op uids), each plan's groups anchored in it are applied to the extract of
     those ops (service.ir.extract) and only its nests are costed."""
     if scope is None:
-        a = _analysis(source)
+        a = cached_analysis(source)
         payload, graph = a.tagged, a.graph
     else:
         payload, graph = _extract(source, tuple(scope))
@@ -200,7 +183,7 @@ def _evaluate_in_worker(source: str, hardware_json: str, shape_hints: dict, plan
 
 def _warm_up(source: str, hardware_json: str) -> bool:
     trust_ir_when_printing()
-    _analysis(source)
+    cached_analysis(source)
     _hardware_of(hardware_json)
     return True
 
