@@ -325,6 +325,7 @@ def tune_cmd(
     token: str | None = typer.Option(None, "--token", envvar="TILESEARCH_API_TOKEN", help="bearer token for --server"),
     measure_top: int = typer.Option(0, "--measure-top", min=0,
                                     help="measure the K plans predicted fastest with IREE on this CPU and answer with the fastest measured"),
+    spec_out: Path | None = typer.Option(None, "--spec-out", help="write the IREE tuning spec of the chosen plan here"),
 ) -> None:
     """Search tile-and-fuse plans; prints the best, its predicted cost and the super-tiling baseline."""
     import json
@@ -371,6 +372,8 @@ def tune_cmd(
             raise _ir_failure(ValueError("--measure-top takes MLIR text, not bytecode"))
         result = with_measured_choice(result, refine(source, result, measure_top))
     written = write_outputs(result, source, out) if out else []
+    if spec_out is not None:
+        written.append(_write_spec(source, result.plan, hw, spec_out))
     if as_json:
         typer.echo(json.dumps(result.summary(), indent=2))
         return
@@ -382,6 +385,22 @@ def tune_cmd(
         typer.echo(f"wrote {path}")
     if not result.feasible:
         raise typer.Exit(3)
+
+
+def _write_spec(source: str | bytes, plan: dict, hardware, path: Path) -> str:
+    """The plan's IREE tuning spec (its contraction anchors' configs) written to `path`."""
+    from service.ir.analysis import analyze
+    from service.ir.plan import Plan
+    from service.measure.tools import host_translation_info
+    from service.measure.tuning_spec import spec_for_plan
+
+    translation_info = host_translation_info() if hardware.name == "host-cpu" else None
+    spec = spec_for_plan(analyze(source).graph, Plan.model_validate(plan), translation_info)
+    if spec is None:
+        typer.echo("error: the plan configures no contraction: there is no tuning spec to write", err=True)
+        raise typer.Exit(2)
+    path.write_text(spec)
+    return f"{path} (IREE tuning spec)"
 
 
 def _tune_via_server(server: str, token: str | None, file: Path, hardware: str, budget: int, seconds: float | None,

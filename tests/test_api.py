@@ -66,6 +66,10 @@ def test_tiling_miss_hit_warm_reads_and_errors(migrated_url):
         assert miss["predicted_cost"]["latency_s"] > 0 and miss["baseline"]["latency_s"] > 0
         assert miss["complete"] is True and miss["search_stats"]["complete"] is True
         assert miss["compilation_info"] is not None and miss["origin_map"] is not None
+        # the plan's matmul as an IREE tuning spec matcher: its dims and the config the search chose
+        assert miss["tuning_spec"].count("transform.iree.match.contraction") == 1
+        (info,) = [i for i in miss["compilation_info"].values() if i["op"] == "linalg.matmul"]
+        assert info["compilation_info"].split("lowering_config = ")[1].split(">")[0] in miss["tuning_spec"]
         trials = client.get(f"/v1/tilings/{miss['id']}/trials", params={"limit": 500}).json()
         assert trials["items"] and trials["next_cursor"] is None
 
@@ -82,6 +86,7 @@ def test_tiling_miss_hit_warm_reads_and_errors(migrated_url):
         # reads
         got = client.get(f"/v1/tilings/{miss['id']}").json()
         assert got["id"] == miss["id"] and got["tiled_module"] == miss["tiled_module"] and got["cache"] is None
+        assert got["tuning_spec"] == miss["tuning_spec"]
         assert client.get("/v1/tilings/999999").status_code == 404
         assert client.get("/v1/tilings/99999999999999").status_code == 404
 

@@ -122,6 +122,24 @@ def test_a_spec_has_one_matcher_per_root_and_parses():
     assert "transform.iree.match.dims_equal %m_dims, [32]" in spec
 
 
+@pytest.mark.slow
+def test_the_spec_of_one_decision_is_applied_by_iree(tmp_path):
+    from typer.testing import CliRunner
+
+    from service.cli import app
+    from service.measure.whole_model import compile_model, dispatch_configs
+
+    module = tmp_path / "mm.mlir"
+    module.write_text(REPEATED_LAYER)
+    spec = tmp_path / "spec.mlir"
+    result = CliRunner().invoke(app, ["tune", str(module), "--budget", "12", "--workers", "1", "--spec-out", str(spec)])
+    assert result.exit_code == 0, result.output
+    compile_model(module, tmp_path / "m.vmfb", tmp_path / "configs", spec=spec)
+    (configured,) = dispatch_configs(tmp_path / "configs").values()
+    matmul_config = next(c for name, c in configured.ops if name == "linalg.matmul")
+    assert matmul_config is not None and matmul_config in spec.read_text()
+
+
 def test_matcher_names_must_be_unique():
     with pytest.raises(ValueError, match="unique"):
         tuning_spec([_matcher("a", 16), _matcher("a", 32)])

@@ -68,6 +68,8 @@ class DecisionOut(DecisionSummary):
     transform_script: str | None = None
     tiled_module: str | None = None
     compilation_info: dict[str, Any] | None = Field(default=None, description="IREE compilation_info per anchor")
+    tuning_spec: str | None = Field(default=None, description="IREE tuning spec giving the plan's contraction anchors "
+                                    "their configs: iree-compile --iree-codegen-tuning-spec-path=FILE")
     origin_map: dict[str, Any] | None = None
     search_stats: dict[str, Any] | None = None
     timings: dict[str, Any] | None = Field(default=None, description="timings of the search that made it")

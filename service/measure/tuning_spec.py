@@ -15,7 +15,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from service.ir.graph import OpGraph, TileableOp
+from service.ir.plan import Plan
 from service.ir.mlir import context, ir
+
+from .lowering import compilation_info_text, lowering_config_from_levels
 
 
 @dataclass(frozen=True)
@@ -65,6 +69,23 @@ def contraction_dims(indexing_maps: list[str], n_loops: int) -> ContractionDims:
     )
 
 
+def contraction_matcher(op: TileableOp, levels: list, name: str, translation_info: str | None = None) -> ContractionMatcher | None:
+    """The matcher of a contraction op with the config its plan levels give it; None for an op
+    that is not a static contraction or for more levels than IREE's CPU config has."""
+    if op.kind != "contraction" or len(levels) > 3 or not op.indexing_maps or any(r is None for r in op.loop_ranges):
+        return None
+    config = lowering_config_from_levels(levels, op.iterator_types, anchor=op.name)
+    dims = contraction_dims(op.indexing_maps, len(op.loop_ranges))
+    extent = lambda ds: tuple(int(op.loop_ranges[d]) for d in ds)  # noqa: E731
+    types = op.operand_element_types
+    return ContractionMatcher(
+        name=name, lhs_type=types[0], rhs_type=types[1], output_type=types[-1],
+        indexing_maps=tuple(op.indexing_maps),
+        sizes=ContractionDims(extent(dims.batch), extent(dims.m), extent(dims.n), extent(dims.k)),
+        compilation_info=compilation_info_text(config, translation_info),
+    )
+
+
 def _sizes(values: tuple[int, ...]) -> str:
     return "[" + ", ".join(str(v) for v in values) + "]"
 
@@ -81,6 +102,18 @@ def _matcher(m: ContractionMatcher) -> str:
     %config = transform.param.constant {m.compilation_info} -> !transform.any_param
     transform.yield %op, %config : !transform.any_op, !transform.any_param
   }}"""
+
+
+def spec_for_plan(graph: OpGraph, plan: Plan, translation_info: str | None = None) -> str | None:
+    """A tuning spec giving each contraction anchor of the plan its config (None: the plan
+    configures no contraction). Anchors with the same matcher keep the first one's config."""
+    matchers: dict[tuple, ContractionMatcher] = {}
+    for group in plan.groups:
+        m = contraction_matcher(graph.op(group.anchor), [lv.model_dump() for lv in group.levels], f"op_{group.anchor}",
+                                translation_info)
+        if m is not None:
+            matchers.setdefault((m.lhs_type, m.rhs_type, m.output_type, m.indexing_maps, m.sizes), m)
+    return tuning_spec(list(matchers.values())) if matchers else None
 
 
 def tuning_spec(matchers: list[ContractionMatcher]) -> str:

@@ -29,9 +29,9 @@ from service.ir.dispatch import Dispatch, dispatches_of
 from service.ir.errors import IRError
 from service.ir.graph import OpGraph, TileableOp
 from service.measure.forcing import write_inputs
-from service.measure.lowering import compilation_info_text, lowering_config_from_levels, lowering_config_text
+from service.measure.lowering import lowering_config_from_levels, lowering_config_text
 from service.measure.tools import ToolFailure, host_translation_info
-from service.measure.tuning_spec import ContractionDims, ContractionMatcher, contraction_dims, tuning_spec
+from service.measure.tuning_spec import ContractionMatcher, contraction_matcher, tuning_spec
 from service.measure.whole_model import (
     canonical_attribute,
     compile_model,
@@ -144,19 +144,12 @@ def _root_group(candidate: _Candidate) -> dict | None:
 
 def _matcher(candidate: _Candidate, name: str, translation_info: str | None) -> tuple[ContractionMatcher, str] | None:
     group = _root_group(candidate)
-    if group is None or len(group["levels"]) > 3:
+    if group is None:
         return None
-    root = candidate.root
-    config = lowering_config_from_levels(group["levels"], root.iterator_types, anchor=root.name)
-    dims = contraction_dims(root.indexing_maps or [], len(root.loop_ranges))
-    extent = lambda ds: tuple(int(root.loop_ranges[d]) for d in ds)  # noqa: E731
-    sizes = ContractionDims(extent(dims.batch), extent(dims.m), extent(dims.n), extent(dims.k))
-    types = root.operand_element_types
-    matcher = ContractionMatcher(
-        name=name, lhs_type=types[0], rhs_type=types[1], output_type=types[-1],
-        indexing_maps=tuple(root.indexing_maps or []), sizes=sizes,
-        compilation_info=compilation_info_text(config, translation_info),
-    )
+    matcher = contraction_matcher(candidate.root, group["levels"], name, translation_info)
+    if matcher is None:
+        return None
+    config = lowering_config_from_levels(group["levels"], candidate.root.iterator_types, anchor=candidate.root.name)
     return matcher, lowering_config_text(config)
 
 

@@ -87,6 +87,7 @@ class DecisionResult:
     transform_script: str | None = None
     tiled_module: str | None = None
     compilation_info: dict[str, Any] | None = None
+    tuning_spec: str | None = None
     origin_map: dict[str, Any] | None = None
     # strategy, budget, seed, evaluations, evaluations_per_s, complete
     search_stats: dict[str, Any] | None = None
@@ -258,6 +259,7 @@ def complete_decision(
             transform_script=result.transform_script,
             tiled_module=result.tiled_module,
             compilation_info=result.compilation_info,
+            tuning_spec=result.tuning_spec,
             origin_map=result.origin_map,
             search_stats=result.search_stats,
             timings=result.timings,

@@ -151,6 +151,8 @@ class Decision(Base):
     tiled_module: Mapped[str | None] = mapped_column(Text, default=None)
     # Per anchor op: the IREE compilation_info attribute (text) and its parts.
     compilation_info: Mapped[dict[str, Any] | None] = mapped_column(JSONType, default=None)
+    # The IREE tuning spec that gives the plan's contraction anchors their configs.
+    tuning_spec: Mapped[str | None] = mapped_column(Text, default=None)
     origin_map: Mapped[dict[str, Any] | None] = mapped_column(JSONType, default=None)
     # strategy, budget, seed, evaluations, evaluations_per_s, complete
     search_stats: Mapped[dict[str, Any] | None] = mapped_column(JSONType, default=None)

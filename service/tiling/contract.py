@@ -149,6 +149,7 @@ class SearchOutcome(_Contract):
     baseline: dict[str, Any] | None
     realised: AppliedPlan | None = Field(description="None when the plan leaves the module untiled")
     compilation_info: dict[str, AnchorCompilationInfo]
+    tuning_spec: str | None = Field(default=None, description="IREE tuning spec for the plan's contraction anchors")
     trials: list[TrialOutcome]
     group_bests: list[GroupBest]
     stats: SearchStats

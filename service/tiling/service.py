@@ -212,6 +212,7 @@ class TilingService:
                     transform_script=realised.transform_script if realised else None,
                     tiled_module=realised.tiled_module if realised else None,
                     compilation_info={uid: info.model_dump() for uid, info in outcome.compilation_info.items()},
+                    tuning_spec=outcome.tuning_spec,
                     origin_map=realised.origin if realised else None,
                     search_stats=stats,
                     timings=timings,

@@ -11,6 +11,7 @@ from service.ir.plan import Plan
 from service.ir.tasks import apply_plan_to_text
 from service.measure.lowering import CONFIGURABLE_KINDS, compilation_info_text, lowering_config_from_levels
 from service.measure.tools import host_translation_info
+from service.measure.tuning_spec import spec_for_plan
 from service.search.engine import tune
 from service.search.results import TuneResult
 from service.search.shapes import check_shapes, parse_buckets, parse_shape_hints
@@ -139,12 +140,14 @@ def search_and_realise(source: str, task: SearchTask) -> SearchOutcome:
         warm_start_plans=warm or None,
     )
     plan = Plan.model_validate(result.plan)
+    translation_info = _translation_info_for(hardware=task.hardware)
     return SearchOutcome(
         plan=plan,
         predicted=result.predicted,
         baseline=result.baseline,
         realised=apply_plan_to_text(source, plan) if plan.groups else None,
-        compilation_info=compilation_infos(graph, plan, _translation_info_for(hardware=task.hardware)),
+        compilation_info=compilation_infos(graph, plan, translation_info),
+        tuning_spec=spec_for_plan(graph, plan, translation_info),
         trials=_trials(result),
         group_bests=_group_bests(graph, plan, result),
         stats=_stats(result),
