@@ -3,7 +3,7 @@
 TPE (Bergstra et al., "Algorithms for Hyper-Parameter Optimization", 2011), as Optuna's
 `TPESampler(multivariate=True)` runs it on categorical parameters:
 
-- the first `STARTUP_TRIALS` proposals are uniform at random (warm starts go before them);
+- warm starts first; then, until `STARTUP_TRIALS` trials are told, uniform random proposals;
 - then the told trials are split: the best gamma(n) = min(ceil(0.1 n), 25) feasible ones are
   the good set, every other trial (infeasible ones always) the bad set;
 - each set becomes a density over whole knob vectors, l(x) from the good set and g(x) from the
@@ -13,9 +13,11 @@ TPE (Bergstra et al., "Algorithms for Hyper-Parameter Optimization", 2011), as O
 - `EI_CANDIDATES` vectors are drawn from l and the one maximising log l(x) - log g(x) (the
   expected improvement, up to a monotone map) is proposed.
 
-Feasibility is a constraint: an infeasible trial is never good, whatever its latency. The two
-densities depend only on the told trials, so they are rebuilt only when that count changes
-(the engine suggests a whole batch before telling any of it).
+Feasibility is a constraint: an infeasible trial is never good, whatever its latency (Optuna
+tops a short good set up with the least infeasible trials; here every infeasible trial breaks
+the one constraint alike, so none is less infeasible than another). The two densities depend
+only on the told trials, so they are rebuilt only when that count changes (the engine
+suggests a whole batch before telling any of it).
 """
 
 from __future__ import annotations
