@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import itertools
-import math
 import random
 
 from ..candidate import Candidate, Evaluation
@@ -42,7 +41,6 @@ class ExhaustiveStrategy:
                  identity: Identity | None = None) -> None:
         self.name = "exhaustive"
         self.knobs = knobs
-        self.size = math.prod(len(k.choices) for k in knobs)
         self._it = itertools.product(*[k.choices for k in knobs])
         self.proposed = Proposed(identity, warm_start)
 
