@@ -115,7 +115,7 @@ def test_a_register_tile_spans_one_batch_of_a_batched_contraction(host):
 @pytest.mark.parametrize("hardware", ["host-cpu", "npu-sram-256k"])
 @pytest.mark.parametrize("name", ["attention_scores", "matmul_1024", "conv_relu", "softmax", "mlp_chain"])
 def test_starting_knob_values_are_in_the_space(hardware, name):
-    """Optuna refuses a queued value outside a knob's choices (from inside a later ask): the
+    """A starting value outside a knob's choices cannot be proposed (a strategy drops it): the
     smallest plan once set a batch dim's register tile to 0 where 1 is the only choice."""
     space = build_space(analyze(source(name)).graph, get_profile(hardware), {})
     for spec in space.groups:

@@ -271,7 +271,7 @@ class _Search:
                              deadline: float | None, group_best: tuple[Evaluation, dict] | None
                              ) -> tuple[Evaluation, dict] | None:
         """The strategy's loop for one group: one batch in flight while the strategy proposes the
-        next (Optuna's ask is not free); the ask/tell order is fixed, so the worker count does
+        next (a suggestion is not free); the suggest/tell order is fixed, so the worker count does
         not change it. Returns the group's best (evaluation, knob values)."""
         evaluator = self.evaluator
         spent_at_start = evaluator.evaluations
@@ -296,7 +296,7 @@ class _Search:
                     items = [(c, self.plan_of({**self.context, spec.name: c.params})) for c in cands]
                     before = evaluator.evaluations
                     launched = (cands, evaluator.submit(items, scope))
-                    # Pruned and cached suggestions are cheap but not free (Optuna's ask): a
+                    # Pruned and cached suggestions are cheap but not free: a
                     # strategy proposing nothing new for a while has converged.
                     idle = 0 if evaluator.evaluations > before else idle + len(cands)
             if pending is not None:

@@ -34,7 +34,7 @@ log = logging.getLogger(__name__)
 
 _TASK_TIMEOUT_S = 60.0
 _PLANS_PER_TASK = 2
-# Workers yield to the search process: the strategy (Optuna's ask) is the serial part, and when
+# Workers yield to the search process: the strategy's suggest is the serial part, and when
 # it waits for a core behind the workers they soon wait for it. They are the search's own
 # helpers; under outside load they also yield to it, as a background autotuner should.
 _WORKER_NICENESS = 15
