@@ -522,7 +522,7 @@ def model_tune_cmd(
     for d in report.dispatches:
         table.add_row(d.name, str(d.weight), d.root_op or "-", "yes" if d.tuned else "no",
                       f"{d.predicted_s * 1e3:.3f}" if d.predicted_s is not None else "-", d.reason or "")
-    Console().print(table)
+    Console(width=max(Console().width, 160)).print(table)
     if report.spec:
         typer.echo(f"wrote {report.spec} (IREE applied it to every tuned dispatch: {report.verified}); "
                    f"predicted {report.predicted_total_s * 1e3:.3f} ms for the tuned dispatches")
