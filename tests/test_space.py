@@ -155,3 +155,38 @@ def test_knob_names_are_made_and_read_by_one_helper(host):
     # A repeated layer's knobs play the same roles; fuse switches name different ops.
     assert KnobName.parse("g7.fuse.9").role == KnobName.parse("g8.fuse.12").role != KnobName.parse("g7.outer.d0").role
     assert KnobName.parse("g7.inner.d1").role == KnobName.parse("g8.inner.d1").role != KnobName.parse("g8.red.d1").role
+
+
+def _matmul(b_layout: str) -> str:
+    """64x256x512 matmul; B stored [k, n] ("kn") or [n, k] ("nk", as nn.Linear keeps weights)."""
+    b_type, b_map = (("tensor<512x256xf32>", "affine_map<(d0, d1, d2) -> (d2, d1)>") if b_layout == "kn"
+                     else ("tensor<256x512xf32>", "affine_map<(d0, d1, d2) -> (d1, d2)>"))
+    return f"""
+func.func @f(%a: tensor<64x512xf32>, %b: {b_type}) -> tensor<64x256xf32> {{
+  %z = arith.constant 0.0 : f32
+  %e = tensor.empty() : tensor<64x256xf32>
+  %c = linalg.fill ins(%z : f32) outs(%e : tensor<64x256xf32>) -> tensor<64x256xf32>
+  %r = linalg.matmul indexing_maps = [affine_map<(d0, d1, d2) -> (d0, d2)>, {b_map}, affine_map<(d0, d1, d2) -> (d0, d1)>]
+       ins(%a, %b : tensor<64x512xf32>, {b_type}) outs(%c : tensor<64x256xf32>) -> tensor<64x256xf32>
+  return %r : tensor<64x256xf32>
+}}"""
+
+
+def test_a_k_contiguous_b_is_searched_as_one_transpose_block(host):
+    lanes = host.compute.vector_width_bytes // 4
+    nk = analyze(_matmul("nk")).graph
+    (op,) = [o for o in nk.ops.values() if o.kind == "contraction"]
+    assert op.rhs_contiguous_reduction_dim() == 2
+    (spec,) = build_space(nk, host).groups
+    assert spec.inner_choices[1] == [lanes] and spec.reduction_choices[2] == [lanes]
+    assert len(spec.inner_choices[0]) > 1  # the rows are still searched
+    for params in (spec.default_params(), spec.smallest_params()):
+        group = spec.to_group(params)
+        assert not isinstance(group, str), group
+        assert group.levels[1].tile_sizes[1] == lanes and group.levels[-1].tile_sizes[2] == lanes
+
+    kn = analyze(_matmul("kn")).graph
+    (op,) = [o for o in kn.ops.values() if o.kind == "contraction"]
+    assert op.rhs_contiguous_reduction_dim() is None
+    (spec,) = build_space(kn, host).groups
+    assert len(spec.inner_choices[1]) > 1 and len(spec.reduction_choices[2]) > 1

@@ -71,6 +71,9 @@ class TileableOp:
     # Parallel loop dims every operand reads as a plain dim: a contraction's batch dims, each
     # index an independent problem (an elementwise op's dims are all of this kind).
     batch_dims: list[int] = field(default_factory=list)
+    # Per operand (the indexing maps' order): the loop dim of each of its indices, innermost
+    # (contiguous in memory) last; None for an index that is not a plain dim.
+    operand_dims: list[list[int | None]] = field(default_factory=list)
     signature: str = ""
     producers: list[int] = field(default_factory=list)
     consumers: list[int] = field(default_factory=list)
@@ -86,6 +89,17 @@ class TileableOp:
     @property
     def parallel_dims(self) -> list[int]:
         return [i for i, t in enumerate(self.iterator_types) if t == "parallel"]
+
+    def rhs_contiguous_reduction_dim(self) -> int | None:
+        """For a contraction whose B operand (the input the innermost parallel dim indexes) is
+        contiguous along a reduction dim, as `nn.Linear` weights stored [out, in] are: that dim."""
+        if self.kind != "contraction" or not self.parallel_dims:
+            return None
+        n = self.parallel_dims[-1]
+        for dims in self.operand_dims[: self.num_inputs]:
+            if n in dims and dims and dims[-1] is not None and self.iterator_types[dims[-1]] == "reduction":
+                return dims[-1]
+        return None
 
 
 @dataclass(frozen=True)
@@ -475,9 +489,10 @@ def describe_op(op: ir.Operation, uid: int) -> TileableOp:
         map_text = [str(m) for m in maps]
         batch = [d for d, t in enumerate(iterators)
                  if t == "parallel" and all(d in {_dim_position(e) for e in m.results} for m in maps)]
+        operand_dims = [[_dim_position(e) for e in m.results] for m in maps]
     else:
         ranges, iterators, dynamic = _non_structured_domain(op)
-        map_text, batch = None, []
+        map_text, batch, operand_dims = None, [], []
     flops = flops_per_point(op)
     return TileableOp(
         uid=uid,
@@ -496,6 +511,7 @@ def describe_op(op: ir.Operation, uid: int) -> TileableOp:
         fuse_groups=_fuse_groups(op),
         copy_of=ir.IntegerAttr(op.attributes[COPY_OF_ATTR]).value if COPY_OF_ATTR in op.attributes else None,
         batch_dims=batch,
+        operand_dims=operand_dims,
     )
 
 

@@ -32,7 +32,7 @@ ANCHOR_KINDS = ("contraction", "convolution", "reduction")
 # 5: shared fills get a copy per reader (service/ir/graph.py), which renumbers the ops after them.
 # 6: a contraction's batch dims get register tiles of 1 (inner_sizes).
 # 7: a contraction's register tile may have 6 rows, which need not divide the rows enclosing them.
-SPACE_VERSION = "search-space/7"
+SPACE_VERSION = "search-space/8"
 _ELEMENT_BYTES = {"f64": 8, "i64": 8, "f32": 4, "i32": 4, "f16": 2, "bf16": 2, "i16": 2, "i8": 1, "i1": 1}
 
 
@@ -533,6 +533,9 @@ def build_space(graph: OpGraph, hardware: HardwareModel, shape_hints: dict[str, 
             elem_bytes=element_bytes(op.element_type),
             anchor_kind=op.kind,
         )
+        transposed_k = op.rhs_contiguous_reduction_dim()
+        if transposed_k is not None and innermost is not None:
+            _one_transpose_block(spec, innermost, transposed_k, vec)
         groups.append(spec)
         for u in [anchor, *fixed, *[v for o in optional for v in units[o]]]:
             claimed[u] = anchor
@@ -543,6 +546,19 @@ def build_space(graph: OpGraph, hardware: HardwareModel, shape_hints: dict[str, 
     if empty:
         notes.append(f"op(s) {empty} have a zero-sized dim: they compute nothing and are not tiled")
     return SearchSpace(graph=graph, groups=groups, untiled=untiled, notes=notes, shapes=shapes)
+
+
+def _one_transpose_block(spec: GroupSpec, n: int, k: int, lanes: int) -> None:
+    """A contraction whose B is contiguous along k (weights stored [n, k]): IREE reads B's tile
+    along k and transposes it in registers, lanes x lanes at a time. A register tile of one
+    vector of n by one vector's lanes of k is that one block; a shorter k leaves partial
+    transposes and strided element loads, and a wider n or a longer k keeps several blocks live
+    beside the accumulators, which spill (README: the transposed-B sweep). The space offers that
+    one block: n = lanes, k = lanes (the whole k when it is shorter)."""
+    if spec.ranges[n] > lanes:
+        spec.inner_choices[n] = [lanes]
+    if k in spec.reduction_choices and spec.ranges[k] > lanes:
+        spec.reduction_choices[k] = [lanes]
 
 
 def standalone_group(graph: OpGraph, uid: int, shapes: ShapeContext, hardware: HardwareModel) -> Group | None:
