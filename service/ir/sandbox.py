@@ -8,7 +8,12 @@ time limit and replaces one that died.
 
 from __future__ import annotations
 
+import ctypes
 import multiprocessing
+import os
+import signal
+import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -38,6 +43,32 @@ class IRCrashError(IRError):
         return f"MLIR crashed on this input ({self.detail}); the module likely triggers a compiler bug"
 
 
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def _parent_watchdog(parent: int) -> None:
+    while True:
+        time.sleep(0.5)
+        if os.getppid() != parent:
+            os._exit(1)
+
+
+def die_with_parent() -> None:
+    """Make this worker process end when the process that started it ends, even by SIGKILL
+    (which runs no clean-up): the kernel's parent-death signal on Linux, and a thread that
+    watches the parent pid everywhere (and catches a parent that died before the prctl).
+    Without this a killed server leaves its MLIR workers running, holding their memory."""
+    parent = os.getppid()
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):  # not Linux: the watchdog alone
+        pass
+    if parent == 1:
+        os._exit(1)
+    threading.Thread(target=_parent_watchdog, args=(parent,), name="parent-watchdog", daemon=True).start()
+
+
 class Sandbox:
     """A pool of MLIR worker processes. Each worker keeps one MLIR context for its lifetime."""
 
@@ -46,6 +77,7 @@ class Sandbox:
             max_workers=workers,
             max_tasks=max_tasks,
             context=multiprocessing.get_context(start_method),
+            initializer=die_with_parent,
         )
         self.workers = workers
 
