@@ -26,7 +26,7 @@ MAX_NESTING = 100
 _STRING = r'"(?:[^"\\\n]|\\.)*"?'
 _COMMENT = r"//[^\n]*"
 _BRACKETS = re.compile(rf"{_STRING}|{_COMMENT}|->|>=|[{{}}()\[\]<>]")
-_NAMES = re.compile(rf"{_STRING}|{_COMMENT}|[%^](?:[0-9]+|[A-Za-z_$.\-][A-Za-z0-9_$.\-]*)|\s+")
+_NAMES = re.compile(rf"{_STRING}|(?:\s|{_COMMENT})+|[%^](?:[0-9]+|[A-Za-z_$.\-][A-Za-z0-9_$.\-]*)")
 _OPEN = frozenset("{([<")
 _CLOSE = frozenset("})]>")
 
@@ -66,12 +66,11 @@ def normalised_key(source: str) -> str:
     def normal(match: re.Match[str]) -> str:
         token = match.group()
         first = token[0]
-        if token.startswith("//"):
-            return ""
-        if first.isspace():
-            return " "
         if first in "%^":
             return names.setdefault(token, f"{first}{len(names)}")
+        if first != '"':  # whitespace and comments, in one run
+            return " "
         return token
 
-    return hashlib.sha256(_NAMES.sub(normal, source).encode("utf-8", "surrogatepass")).hexdigest()
+    normal_text = _NAMES.sub(normal, source).strip()
+    return hashlib.sha256(normal_text.encode("utf-8", "surrogatepass")).hexdigest()

@@ -46,27 +46,42 @@ class IRCrashError(IRError):
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
-def _parent_watchdog(parent: int) -> None:
+def _process_gone(pid: int) -> bool:
+    """Whether `pid` has exited (a zombie waiting for its parent counts as exited)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except FileNotFoundError:
+        return True
+    except OSError:  # no /proc: ask the kernel
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        return False
+
+
+def _owner_watchdog(owner: int) -> None:
     while True:
         time.sleep(0.5)
-        if os.getppid() != parent:
+        if _process_gone(owner):
             os._exit(1)
 
 
-def die_with_parent() -> None:
-    """Make this worker process end when the process that started it ends, even by SIGKILL
-    (which runs no clean-up): the kernel's parent-death signal on Linux, and a thread that
-    watches the parent pid everywhere (and catches a parent that died before the prctl).
+def die_with_owner(owner: int) -> None:
+    """Make this worker end when `owner`, the process that made its pool, ends, even by SIGKILL
+    (which runs no clean-up). A worker's parent is the forkserver, not the owner, and the
+    forkserver only exits once every worker has (each holds its "alive" pipe): so a thread
+    watches the owner itself. The kernel's parent-death signal covers the `fork` start method.
     Without this a killed server leaves its MLIR workers running, holding their memory."""
-    parent = os.getppid()
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     except (OSError, AttributeError):  # not Linux: the watchdog alone
         pass
-    if parent == 1:
+    if _process_gone(owner):
         os._exit(1)
-    threading.Thread(target=_parent_watchdog, args=(parent,), name="parent-watchdog", daemon=True).start()
+    threading.Thread(target=_owner_watchdog, args=(owner,), name="owner-watchdog", daemon=True).start()
 
 
 class Sandbox:
@@ -77,7 +92,8 @@ class Sandbox:
             max_workers=workers,
             max_tasks=max_tasks,
             context=multiprocessing.get_context(start_method),
-            initializer=die_with_parent,
+            initializer=die_with_owner,
+            initargs=(os.getpid(),),
         )
         self.workers = workers
 
