@@ -1,6 +1,11 @@
-"""API load benchmark on loopback: cache-hit throughput and latency, cold latency per workload.
+"""API load benchmark on loopback: cache-hit throughput and latency, cold latency per workload,
+back-pressure (distinct cold requests at once) and probe latency while requests wait on a search.
 
-    .venv/bin/python benchmarks/api_load.py [--workers 1 2] [--clients 1 2 4 8] [--seconds 10] [--budget 32] [--readme]
+    .venv/bin/python benchmarks/api_load.py [--workers 1 2] [--clients 1 2 4 8] [--seconds 10] [--budget 32]
+                                            [--cold-parallel 20] [--waiters 50] [--readme]
+
+Targets (issue #22): cache-hit p99 <= 10 ms at >= 500 req/s; probe p99 < 100 ms while 50
+requests wait on one search; 20 distinct cold requests all answered (no 503), queued.
 
 For each `--workers` count, starts `tilesearch serve --workers N` (uvicorn with httptools and
 uvloop) on 127.0.0.1 with a fresh SQLite database, stores one decision (matmul_1024), warms up
@@ -21,7 +26,9 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -133,6 +140,62 @@ def cold_requests(base: str, budget: int) -> list[dict]:
     return cold
 
 
+def cold_parallel(base: str, n: int, budget: int) -> dict:
+    """`n` distinct cold modules (matmuls of different sizes) posted at once: how long until all
+    are answered, and how many were refused (503) instead of queued."""
+    matmul = (WORKLOADS / "matmul_1024.mlir").read_text()
+    bodies = [{"module": matmul.replace("1024", str(64 * (i + 1))), "hardware": "host-cpu", "budget": budget}
+              for i in range(n)]
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(n) as pool:
+        responses = list(pool.map(lambda b: httpx.post(f"{base}/v1/tilings", json=b, timeout=600), bodies))
+    return {
+        "requests": n,
+        "drain_s": time.perf_counter() - t0,
+        "ok": sum(r.status_code == 200 for r in responses),
+        "503": sum(r.status_code == 503 for r in responses),
+        "retry_after": sorted({r.headers.get("retry-after") for r in responses if r.status_code == 503}),
+    }
+
+
+def probes_while_waiting(base: str, waiters: int, search_s: float = 10.0) -> dict:
+    """One search running for `search_s` and `waiters` identical requests waiting on it; probe
+    latency (/healthz, /readyz, /metrics, GET /v1/tilings) measured meanwhile."""
+    body = {"module": (WORKLOADS / "mlp_chain.mlir").read_text(), "hardware": "host-cpu", "budget": 5000,
+            "seconds": search_s}
+    statuses: list[int] = []
+
+    def post() -> None:
+        statuses.append(httpx.post(f"{base}/v1/tilings", json=body, timeout=600).status_code)
+
+    threads = [threading.Thread(target=post) for _ in range(waiters + 1)]
+    threads[0].start()
+    time.sleep(0.5)
+    for t in threads[1:]:
+        t.start()
+    time.sleep(1.0)
+    latencies: list[float] = []
+    with httpx.Client(base_url=base, timeout=60) as client:
+        deadline = time.monotonic() + search_s - 3
+        while time.monotonic() < deadline and not statuses:
+            for path in ("/healthz", "/readyz", "/metrics", "/v1/tilings"):
+                t0 = time.perf_counter()
+                client.get(path)
+                latencies.append(time.perf_counter() - t0)
+    measured_while_waiting = not statuses
+    for t in threads:
+        t.join()
+    return {
+        "waiters": waiters,
+        "probes": len(latencies),
+        "while_waiting": measured_while_waiting,
+        "p50_ms": percentile(latencies, 50) * 1e3,
+        "p99_ms": percentile(latencies, 99) * 1e3,
+        "max_ms": max(latencies) * 1e3,
+        "answered_200": sum(s == 200 for s in statuses),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2], help="uvicorn worker processes")
@@ -140,13 +203,16 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=20000, help="per client-count run")
     parser.add_argument("--seconds", type=float, default=10, help="per client-count run")
     parser.add_argument("--budget", type=int, default=32, help="plans per cold search")
+    parser.add_argument("--cold-parallel", type=int, default=20, help="distinct cold requests posted at once")
+    parser.add_argument("--waiters", type=int, default=50, help="requests waiting on one search during the probes")
+    parser.add_argument("--skip-hits", action="store_true", help="only the back-pressure and probe runs")
     parser.add_argument("--readme", action="store_true", help="append the tables to README.md")
     args = parser.parse_args()
 
     matmul = {"module": (WORKLOADS / "matmul_1024.mlir").read_text(), "hardware": "host-cpu", "budget": args.budget}
     hits = []
     cold = []
-    for workers in args.workers:
+    for workers in ([] if args.skip_hits else args.workers):
         port = free_port()
         base = f"http://127.0.0.1:{port}"
         server = start_server(f"sqlite:///{tempfile.mkdtemp()}/bench.db", port, workers)
@@ -162,6 +228,16 @@ def main() -> None:
         finally:
             server.terminate()
             server.wait(timeout=30)
+
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    server = start_server(f"sqlite:///{tempfile.mkdtemp()}/bench.db", port, 1)
+    try:
+        drained = cold_parallel(base, args.cold_parallel, 4)
+        probes = probes_while_waiting(base, args.waiters)
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
 
     lines = [
         f"Cache hits: identical `POST /v1/tilings` (matmul_1024, stored decision), SQLite, "
@@ -184,6 +260,21 @@ def main() -> None:
     for c in cold:
         lines.append(f"| {c['workload']} | {c['status']} | {c['total_s']:.2f} | {fmt(c['analyse_s'])} | "
                      f"{fmt(c['search_s'])} | {c['evaluations'] if c['evaluations'] is not None else ''} | {c['complete']} |")
+    lines += [
+        "",
+        f"Back-pressure: {drained['requests']} distinct cold requests at once (budget 4, one API process, "
+        f"2 MLIR workers): all answered in {drained['drain_s']:.1f} s; {drained['ok']} x 200, {drained['503']} x 503"
+        + (f" (Retry-After {', '.join(drained['retry_after'])})" if drained["503"] else "") + ".",
+        "",
+        f"Probes while {probes['waiters']} requests wait on one search ({probes['probes']} probes of /healthz, /readyz, "
+        f"/metrics, GET /v1/tilings{'' if probes['while_waiting'] else '; the search ended during the run'}): "
+        f"p50 {probes['p50_ms']:.1f} ms, p99 {probes['p99_ms']:.1f} ms (target < 100 ms), max {probes['max_ms']:.1f} ms; "
+        f"{probes['answered_200']} of {probes['waiters'] + 1} waiting requests answered 200.",
+    ]
+    if hits:
+        best = max(hits, key=lambda h: h["req_per_s"])
+        lines += ["", f"Cache-hit target (p99 <= 10 ms at >= 500 req/s): best run {best['req_per_s']:.0f} req/s, "
+                      f"p99 {best['p99_ms']:.2f} ms."]
     table = "\n".join(lines)
     print(table)
     if args.readme:

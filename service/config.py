@@ -23,13 +23,27 @@ class Settings(BaseSettings):
         default=DEFAULT_DATABASE_URL,
         validation_alias=AliasChoices("TILESEARCH_DATABASE_URL", "DATABASE_URL"),
     )
-    # When set, write requests must carry it as a bearer token.
+    # When set, every request under /v1 and the dashboard must carry it (reads too); the
+    # probes (/healthz, /readyz, /metrics) and the API docs stay open.
     api_token: str | None = None
     max_body_bytes: int = Field(default=8 * 1024 * 1024, gt=0)
     max_ops: int = Field(default=5000, gt=0)
     # Wall-clock limit for one request's MLIR work in the worker pool.
     request_timeout_s: float = Field(default=60.0, gt=0)
     pool_workers: int = Field(default=2, gt=0)
+    # MLIR tasks waiting for a worker beyond the running ones; past it a request gets 503 with a
+    # Retry-After computed from the queue. A queued task waits at most `queue_wait_s`.
+    queue_depth: int = Field(default=64, ge=0)
+    queue_wait_s: float = Field(default=120.0, gt=0)
+    # Threads that run tiling requests (most of them wait: on the queue or on another owner's
+    # search). A pool of their own, so probes and reads never wait behind them.
+    tiling_threads: int = Field(default=128, gt=0)
+    # The single-flight lease of a running search: renewed every lease_s / 3 by a heartbeat while
+    # the search runs, so a dead owner's key is taken over within about lease_s.
+    lease_s: float = Field(default=6.0, gt=0)
+    # In-process caches, bounded by the bytes of what they hold.
+    decision_cache_bytes: int = Field(default=64 * 1024 * 1024, ge=0)
+    analysis_cache_bytes: int = Field(default=16 * 1024 * 1024, ge=0)
 
 
 @lru_cache(maxsize=1)

@@ -184,7 +184,7 @@ def test_health_and_readiness(database_url):
         assert client.get("/readyz").json()["ready"] is True
 
 
-def test_token_required_on_writes_only(migrated_url):
+def test_token_required_on_reads_and_writes(migrated_url):
     with _client(migrated_url, api_token="s3cret") as client:
         missing = client.post("/v1/hardware", json=CUSTOM_HW)
         assert missing.status_code == 401 and missing.headers["WWW-Authenticate"].startswith("Bearer")
@@ -193,8 +193,14 @@ def test_token_required_on_writes_only(migrated_url):
         assert client.post("/v1/tilings", json={"module": MATMUL, "hardware": "host-cpu"}).status_code == 401
         ok = client.post("/v1/hardware", json=CUSTOM_HW, headers={"Authorization": "Bearer s3cret"})
         assert ok.status_code == 201
-        assert client.get("/v1/hardware/test-npu").status_code == 200  # reads stay open
-        assert client.get("/v1/tilings").status_code == 200
+        auth = {"Authorization": "Bearer s3cret"}
+        for path in ("/v1/hardware/test-npu", "/v1/hardware", "/v1/tilings", "/v1/tilings/1", "/v1/tilings/1/trials"):
+            assert client.get(path).status_code == 401, path  # reads need the token too
+        assert client.get("/v1/hardware/test-npu", headers=auth).status_code == 200
+        assert client.get("/v1/tilings", headers=auth).status_code == 200
+        assert client.get("/v1/tilings/1", headers=auth).status_code == 404
+        for probe in ("/healthz", "/readyz", "/metrics", "/docs"):
+            assert client.get(probe).status_code == 200, probe  # probes and docs stay open
 
 
 def test_limits_body_size_and_op_count(migrated_url):

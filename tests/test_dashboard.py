@@ -265,7 +265,8 @@ def test_token_guards_pages_with_bearer_or_login_cookie(seeded):
             assert client.get(path, follow_redirects=False).status_code == 303, path
         assert client.get("/", headers={"Authorization": "Bearer wrong"}, follow_redirects=False).status_code == 303
         assert client.get("/", headers={"Authorization": "Bearer s3cret"}).status_code == 200
-        assert client.get("/v1/tilings").status_code == 200  # API reads stay open, as before
+        assert client.get("/v1/tilings").status_code == 401  # API reads need the token too (#22)
+        assert client.get("/v1/tilings", headers={"Authorization": "Bearer s3cret"}).status_code == 200
         assert client.get("/static/dashboard.css").status_code == 200
 
         form = client.get("/login?next=/hardware")

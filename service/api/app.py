@@ -7,7 +7,10 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
+import anyio
 from fastapi import FastAPI
+from fastapi.openapi.docs import get_swagger_ui_html
+from fastapi.responses import HTMLResponse
 from fastapi.staticfiles import StaticFiles
 
 from service.api.dashboard import pages as dashboard_pages
@@ -22,6 +25,9 @@ from service.store.db import make_engine, make_sessionmaker
 from service.tiling.service import TilingService
 
 _STATIC_DIR = Path(__file__).parent / "static"
+_SWAGGER = "/static/vendor/swagger-ui"
+# Threads for /readyz's database check: its own few, never behind other requests.
+_PROBE_THREADS = 4
 
 # Threads blocked in requests each may hold a connection (waiting on a single-flight owner,
 # reading a page); the threadpool has 40 by default.
@@ -40,6 +46,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.sessions = sessions
         app.state.sandbox = sandbox
         app.state.tiling = TilingService(sessions, sandbox, settings)
+        app.state.tiling_limiter = anyio.CapacityLimiter(settings.tiling_threads)
+        app.state.probe_limiter = anyio.CapacityLimiter(_PROBE_THREADS)
         try:
             yield
         finally:
@@ -51,6 +59,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         version="1",
         summary="Tile-and-fuse decisions for MLIR tensor programs, searched once and stored.",
         lifespan=lifespan,
+        # /docs is served below from the vendored Swagger UI (no CDN: it works offline).
+        docs_url=None,
+        redoc_url=None,
     )
     app.state.settings = settings
     app.state.metrics = metrics = ApiMetrics()
@@ -62,6 +73,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(dashboard_pages.router)
     app.add_exception_handler(LoginRequired, dashboard_pages.login_redirect)
     app.mount("/static", StaticFiles(directory=_STATIC_DIR), name="static")
+
+    @app.get("/docs", include_in_schema=False)
+    async def swagger_ui() -> HTMLResponse:
+        return get_swagger_ui_html(openapi_url=app.openapi_url or "/openapi.json", title="tilesearch API",
+                                   swagger_js_url=f"{_SWAGGER}/swagger-ui-bundle.js",
+                                   swagger_css_url=f"{_SWAGGER}/swagger-ui.css",
+                                   swagger_favicon_url=f"{_SWAGGER}/favicon-32x32.png")
 
     # Outermost first at runtime: metrics see every request, including 413s.
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)

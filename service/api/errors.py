@@ -5,10 +5,13 @@ which errors are the client's is decided by the tiling service."""
 from __future__ import annotations
 
 import logging
+from http import HTTPStatus
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.exception_handlers import http_exception_handler
+from fastapi.responses import JSONResponse, Response
 from sqlalchemy.exc import DataError
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from service.hardware.profiles import UnknownHardwareError
 from service.ir.errors import IRError, ModuleTooLargeError
@@ -66,7 +69,22 @@ def _unstorable_value(_request: Request, exc: DataError) -> JSONResponse:
                           f"the database cannot store a value of this request: {str(exc.orig).splitlines()[0]}")
 
 
+async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
+    """Starlette's and FastAPI's own errors carry a bare string: give them the {error, message}
+    shape too. A body FastAPI cannot decode (not UTF-8) says so instead of "error parsing"."""
+    if not isinstance(exc.detail, str):
+        return await http_exception_handler(request, exc)
+    message = exc.detail
+    if exc.status_code == 400 and isinstance(exc.__cause__, UnicodeDecodeError):
+        message = f"the request body is not valid UTF-8 JSON text ({exc.__cause__.reason} at byte {exc.__cause__.start})"
+    elif exc.status_code == 400 and exc.__cause__ is not None:
+        message = f"the request body could not be read as JSON: {type(exc.__cause__).__name__}"
+    error = HTTPStatus(exc.status_code).phrase.replace(" ", "") if exc.status_code in HTTPStatus._value2member_map_ else "Error"
+    return error_response(exc.status_code, error, message, headers=getattr(exc, "headers", None))
+
+
 def install_error_handlers(app: FastAPI) -> None:
+    app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(DataError, _unstorable_value)
     app.add_exception_handler(IRError, _ir_error)
     app.add_exception_handler(UnknownHardwareError, _unknown_hardware)

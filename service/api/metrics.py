@@ -23,10 +23,10 @@ class ApiMetrics:
             ["method", "route", "status"], registry=self.registry,
         )
         self.tilings = Counter(
-            "tilesearch_tilings", "Tiling decisions served, by cache outcome (hit, warm, miss)",
+            "tilesearch_tilings", "Tiling decisions served, by cache outcome (hit, warm, miss, refined)",
             ["cache"], registry=self.registry,
         )
-        self.searches = Counter("tilesearch_searches", "Searches run (cache warm or miss)", registry=self.registry)
+        self.searches = Counter("tilesearch_searches", "Searches run (cache warm, miss or refined)", registry=self.registry)
         self.incomplete_searches = Counter(
             "tilesearch_searches_incomplete", "Searches cut by their time limit (best plan so far served)",
             registry=self.registry,
@@ -35,7 +35,7 @@ class ApiMetrics:
         self.tiling_errors = Counter(
             "tilesearch_tiling_errors", "Tiling requests rejected, by error type", ["error"], registry=self.registry,
         )
-        for cache in ("hit", "warm", "miss"):
+        for cache in ("hit", "warm", "miss", "refined"):
             self.tilings.labels(cache)
 
     def observe_request(self, method: str, route: str, status: int, seconds: float) -> None:

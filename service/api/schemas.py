@@ -11,7 +11,8 @@ from pydantic import BaseModel, Field
 from service.hardware.model import HardwareModel
 from service.store.models import Decision, Trial
 from service.tiling.hardware import HardwareSource, NamedHardware
-from service.tiling.service import CacheState, TilingRequest
+from service.tiling.request import TilingRequest
+from service.tiling.service import CacheState, TilingOutcome
 
 __all__ = [
     "TilingRequest",
@@ -64,7 +65,7 @@ class DecisionSummary(BaseModel):
 class DecisionOut(DecisionSummary):
     """A whole decision: plan, costs, the transform script, the tiled module and provenance."""
 
-    cache: CacheState | None = Field(default=None, description="hit | warm | miss (POST only)")
+    cache: CacheState | None = Field(default=None, description="hit | warm | miss | refined (POST only)")
     transform_script: str | None = None
     tiled_module: str | None = None
     compilation_info: dict[str, Any] | None = Field(default=None, description="IREE compilation_info per anchor")
@@ -74,6 +75,22 @@ class DecisionOut(DecisionSummary):
     search_stats: dict[str, Any] | None = None
     timings: dict[str, Any] | None = Field(default=None, description="timings of the search that made it")
     request_timings: dict[str, float] | None = Field(default=None, description="timings of this request (POST only)")
+
+    @classmethod
+    def from_outcome(cls, outcome: TilingOutcome) -> "DecisionOut":
+        """A POST's answer: the decision, its texts in the requester's own IR."""
+        out = cls.from_row(outcome.decision, cache=outcome.cache, request_timings=outcome.timings)
+        realisation = outcome.realisation
+        if realisation is None:
+            return out
+        realised = realisation.realised
+        return out.model_copy(update={
+            "tiled_module": realised.tiled_module if realised else None,
+            "transform_script": realised.transform_script if realised else None,
+            "origin_map": realised.origin if realised else None,
+            "compilation_info": {uid: info.model_dump() for uid, info in realisation.compilation_info.items()},
+            "tuning_spec": realisation.tuning_spec,
+        })
 
 
 class DecisionPage(BaseModel):

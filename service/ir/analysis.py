@@ -7,13 +7,15 @@ import hashlib
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from .errors import ModuleTooLargeError
 from .fingerprint import module_fingerprint
 from .graph import OpGraph, build_graph, tag_tileable_ops
 from .mlir import ir
-from .parse import count_ops, parse_module
+from .parse import check_op_counts, parse_module
 
 ANALYSES_KEPT = 16
+# Parsed modules hold their constants: the cache also stops at this much source text (a
+# parsed module takes a few times its text in memory).
+ANALYSES_KEPT_BYTES = 32 * 1024 * 1024
 
 
 @dataclass
@@ -42,7 +44,8 @@ def source_key(source: str | bytes) -> str:
 @dataclass
 class _Cached:
     analysis: Analysis
-    op_count: int | None = None  # counted when a caller first asks for a limit
+    size: int
+    checked_max_ops: int | None = None  # the smallest op limit this module passed
 
 
 _analyses: OrderedDict[str, _Cached] = OrderedDict()
@@ -57,15 +60,14 @@ def cached_analysis(source: str | bytes, max_ops: int | None = None) -> Analysis
     key = source_key(source)
     cached = _analyses.get(key)
     if cached is None:
-        cached = _Cached(analyze(source, max_ops=max_ops))
+        cached = _Cached(analyze(source, max_ops=max_ops), size=len(source), checked_max_ops=max_ops)
         _analyses[key] = cached
-        if len(_analyses) > ANALYSES_KEPT:
+        while len(_analyses) > 1 and (len(_analyses) > ANALYSES_KEPT
+                                      or sum(c.size for c in _analyses.values()) > ANALYSES_KEPT_BYTES):
             _analyses.popitem(last=False)
     else:
         _analyses.move_to_end(key)
-        if max_ops is not None:
-            if cached.op_count is None:
-                cached.op_count = count_ops(cached.analysis.module)
-            if cached.op_count > max_ops:
-                raise ModuleTooLargeError(ops=cached.op_count, limit=max_ops)
+        if max_ops is not None and (cached.checked_max_ops is None or max_ops < cached.checked_max_ops):
+            check_op_counts(cached.analysis.module, max_ops)
+            cached.checked_max_ops = max_ops
     return cached.analysis

@@ -67,11 +67,16 @@ class MLIRVerifyError(MLIRSyntaxError):
 
 @dataclass
 class ModuleTooLargeError(IRError):
+    """Too many operations. `counted` says which: the limit is on the operations in function
+    bodies (top level: an op's own region, e.g. a linalg body, is not counted), and a second,
+    looser bound applies to all operations including nested ones."""
+
     ops: int
     limit: int
+    counted: str = "operations in function bodies (not counting ops nested in their regions)"
 
     def __str__(self) -> str:
-        return f"module has {self.ops} operations, more than the limit of {self.limit}"
+        return f"module has {self.ops} {self.counted}, more than the limit of {self.limit}"
 
 
 @dataclass
@@ -96,3 +101,30 @@ class NotAModelError(IRError):
 
     def __str__(self) -> str:
         return self.message
+
+
+@dataclass
+class InvalidTextError(IRError):
+    """The module is not text MLIR can read (a lone surrogate, a NUL character)."""
+
+    reason: str
+    line: int | None = None
+    column: int | None = None
+
+    def __str__(self) -> str:
+        where = f" at line {self.line}, column {self.column}" if self.line is not None else ""
+        return f"the module is not valid UTF-8 text: {self.reason}{where}"
+
+
+@dataclass
+class NestingTooDeepError(IRError):
+    """Brackets nest deeper than the limit: refused before MLIR's recursive parser sees them."""
+
+    depth: int
+    limit: int
+    line: int
+    column: int
+
+    def __str__(self) -> str:
+        return (f"the module is too deeply nested: brackets ({{ ( [ <) reach depth {self.depth} at line {self.line}, "
+                f"column {self.column}, more than the limit of {self.limit}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from .errors import Diagnostic, MLIRSyntaxError, MLIRVerifyError, ModuleTooLargeError
+from .lexical import check_text
 from .mlir import context, ir
 
 BYTECODE_MAGIC = b"ML\xefR"
@@ -54,11 +55,43 @@ def count_ops(module: ir.Module) -> int:
     return count
 
 
+# All operations, nested ones included, may be this many times the limit on body operations
+# (a linalg op's body holds a few ops of its own).
+NESTED_OPS_FACTOR = 10
+
+
+def count_body_ops(module: ir.Module) -> int:
+    """Operations in function bodies plus other module-level ops: what the op limit counts
+    (an op's own regions, e.g. a linalg body or a loop's body, are not counted)."""
+    count = 0
+    for op in module.body.operations:
+        regions = list(op.operation.regions)
+        if not regions:
+            count += 1
+        for region in regions:
+            for block in region.blocks:
+                count += len(block.operations)
+    return count
+
+
+def check_op_counts(module: ir.Module, max_ops: int) -> None:
+    """ModuleTooLargeError past `max_ops` body operations, or past NESTED_OPS_FACTOR times that
+    counting every nested operation."""
+    body = count_body_ops(module)
+    if body > max_ops:
+        raise ModuleTooLargeError(ops=body, limit=max_ops)
+    total, nested_limit = count_ops(module), max_ops * NESTED_OPS_FACTOR
+    if total > nested_limit:
+        raise ModuleTooLargeError(ops=total, limit=nested_limit,
+                                  counted="operations counting those nested in regions")
+
+
 def parse_module(source: str | bytes, *, max_ops: int | None = None) -> ir.Module:
     """Parse and verify MLIR text or bytecode in this process's context.
 
-    Raises MLIRSyntaxError (with diagnostics) for text MLIR cannot parse, MLIRVerifyError when
-    the verifier rejects the module, ModuleTooLargeError past `max_ops` operations.
+    Raises InvalidTextError (lone surrogate, NUL) or NestingTooDeepError before MLIR sees the
+    text, MLIRSyntaxError (with diagnostics) for text MLIR cannot parse, MLIRVerifyError when
+    the verifier rejects the module, ModuleTooLargeError past `max_ops` (see check_op_counts).
     """
     if isinstance(source, (bytes, bytearray)) and not bytes(source).startswith(BYTECODE_MAGIC):
         try:
@@ -67,8 +100,8 @@ def parse_module(source: str | bytes, *, max_ops: int | None = None) -> ir.Modul
             raise MLIRSyntaxError(
                 [Diagnostic(f"input is neither UTF-8 MLIR text nor MLIR bytecode ({exc.reason})")]
             ) from None
-    if isinstance(source, str) and "\x00" in source:
-        raise MLIRSyntaxError([Diagnostic("MLIR text must not contain NUL characters")])
+    if isinstance(source, str):
+        check_text(source)
     if isinstance(source, str) and not source.strip():
         raise MLIRSyntaxError([Diagnostic("empty module: expected MLIR text with at least one func")])
     with context():
@@ -77,9 +110,7 @@ def parse_module(source: str | bytes, *, max_ops: int | None = None) -> ir.Modul
         except ir.MLIRError as err:
             raise MLIRSyntaxError(diagnostics_of(err)) from None
         if max_ops is not None:
-            n = count_ops(module)
-            if n > max_ops:
-                raise ModuleTooLargeError(ops=n, limit=max_ops)
+            check_op_counts(module, max_ops)
         try:
             module.operation.verify()
         except ir.MLIRError as err:

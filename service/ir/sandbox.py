@@ -8,7 +8,12 @@ time limit and replaces one that died.
 
 from __future__ import annotations
 
+import ctypes
 import multiprocessing
+import os
+import signal
+import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -38,6 +43,47 @@ class IRCrashError(IRError):
         return f"MLIR crashed on this input ({self.detail}); the module likely triggers a compiler bug"
 
 
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def _process_gone(pid: int) -> bool:
+    """Whether `pid` has exited (a zombie waiting for its parent counts as exited)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except FileNotFoundError:
+        return True
+    except OSError:  # no /proc: ask the kernel
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        return False
+
+
+def _owner_watchdog(owner: int) -> None:
+    while True:
+        time.sleep(0.5)
+        if _process_gone(owner):
+            os._exit(1)
+
+
+def die_with_owner(owner: int) -> None:
+    """Make this worker end when `owner`, the process that made its pool, ends, even by SIGKILL
+    (which runs no clean-up). A worker's parent is the forkserver, not the owner, and the
+    forkserver only exits once every worker has (each holds its "alive" pipe): so a thread
+    watches the owner itself. The kernel's parent-death signal covers the `fork` start method.
+    Without this a killed server leaves its MLIR workers running, holding their memory."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):  # not Linux: the watchdog alone
+        pass
+    if _process_gone(owner):
+        os._exit(1)
+    threading.Thread(target=_owner_watchdog, args=(owner,), name="owner-watchdog", daemon=True).start()
+
+
 class Sandbox:
     """A pool of MLIR worker processes. Each worker keeps one MLIR context for its lifetime."""
 
@@ -46,6 +92,8 @@ class Sandbox:
             max_workers=workers,
             max_tasks=max_tasks,
             context=multiprocessing.get_context(start_method),
+            initializer=die_with_owner,
+            initargs=(os.getpid(),),
         )
         self.workers = workers
 

@@ -22,11 +22,12 @@ def summary_lines(result: TuneResult) -> list[str]:
     lines = [
         f"best plan ({result.strategy}, seed {result.seed}): {json.dumps(result.plan)}",
         f"predicted: {_ms(best)}  feasible={result.feasible}  bound by {result.predicted.get('bound_by', '?')}",
-        f"super tiling baseline: {_ms(base.get('latency_s'))}  feasible={base.get('feasible')}"
+        f"super-tiling baseline (tilesearch's simple heuristic, not IREE): {_ms(base.get('latency_s'))}  "
+        f"feasible={base.get('feasible')}"
         + (f"  ({base.get('reason')})" if base.get("reason") else ""),
     ]
     if best and base.get("latency_s"):
-        lines.append(f"speedup over super tiling (predicted): {base['latency_s'] / best:.2f}x")
+        lines.append(f"predicted speedup over the super-tiling baseline (not over IREE): {base['latency_s'] / best:.2f}x")
     lines.append(
         f"evaluated {result.evaluations} candidates in {result.elapsed_s:.1f} s "
         f"({result.evaluations_per_s:.0f}/s), space {result.space_size}"

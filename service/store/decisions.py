@@ -19,6 +19,17 @@ the key::
         # done: serve it; failed, lease expired or timed out: claim again
 
 ``claim_or_wait(sessions, parts, owner, lease_s, timeout_s)`` is that claim-wait-claim loop.
+
+Effort. The key leaves out how hard the search tried (strategy, budget, seconds): a decision
+is the best plan known for its key, and its ``effort`` column records the searches behind it
+(per strategy: the largest budget and time limit, and whether that search spent its whole
+budget). A claim that passes an ``Effort`` is a hit only when the stored effort covers it;
+otherwise the caller takes a refinement lease on the done row (``REFINE``): the row stays done
+and keeps answering smaller requests while the refinement runs, and ``complete_decision``
+replaces the plan (when the caller found a better one) and merges the effort.
+
+Leases are short and renewed (``renew_lease``) by the owner while it works, so a dead owner's
+key is taken over within about one lease.
 """
 
 from __future__ import annotations
@@ -78,6 +89,40 @@ def decision_key(parts: DecisionKeyParts) -> str:
 
 
 @dataclass(frozen=True, slots=True)
+class Effort:
+    """How hard a search tries: its strategy, budget (plans) and time limit (seconds)."""
+
+    strategy: str
+    budget: int
+    seconds: float
+
+
+def effort_covers(stored: dict[str, Any] | None, wanted: Effort) -> bool:
+    """Whether the searches recorded in ``stored`` (a decision's effort column) tried at least
+    as hard as ``wanted``: same strategy, no smaller budget, and no shorter time limit unless
+    that search spent its whole budget (then more time would not have changed it)."""
+    entry = (stored or {}).get(wanted.strategy)
+    if not entry:
+        return False
+    return entry["budget"] >= wanted.budget and (entry.get("complete") or entry["seconds"] >= wanted.seconds)
+
+
+def merged_effort(stored: dict[str, Any] | None, done: Effort, complete: bool) -> dict[str, Any]:
+    """The effort column after a search with effort ``done`` (complete: it spent its budget)."""
+    out = dict(stored or {})
+    old = out.get(done.strategy)
+    if old is None:
+        out[done.strategy] = {"budget": done.budget, "seconds": done.seconds, "complete": complete}
+    else:
+        out[done.strategy] = {
+            "budget": max(old["budget"], done.budget),
+            "seconds": max(old["seconds"], done.seconds),
+            "complete": complete if done.budget >= old["budget"] else bool(old.get("complete")),
+        }
+    return out
+
+
+@dataclass(frozen=True, slots=True)
 class DecisionResult:
     """What a finished search stores on its decision."""
 
@@ -92,12 +137,16 @@ class DecisionResult:
     # strategy, budget, seed, evaluations, evaluations_per_s, complete
     search_stats: dict[str, Any] | None = None
     timings: dict[str, Any] | None = None
+    # The normalised key of the module text the texts above were realised from (whose names and
+    # constants they carry): a request for another text re-applies the plan to its own.
+    realised_for: str | None = None
 
 
 class ClaimOutcome(enum.StrEnum):
     HIT = "hit"  # a done decision: serve it, no search
     OWNED = "owned"  # this caller inserted the pending row: it runs the search
     TAKEN_OVER = "taken_over"  # a failed row or an expired lease, now this caller's to run
+    REFINE = "refine"  # a done row whose effort is short of the request's: this caller refines it
     BUSY = "busy"  # another owner holds a live lease: wait_for_decision, then claim again
 
 
@@ -109,7 +158,7 @@ class Claim:
 
     @property
     def owned(self) -> bool:
-        return self.outcome in (ClaimOutcome.OWNED, ClaimOutcome.TAKEN_OVER)
+        return self.outcome in (ClaimOutcome.OWNED, ClaimOutcome.TAKEN_OVER, ClaimOutcome.REFINE)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -164,9 +213,13 @@ def claim_decision(
     owner: str,
     lease_s: float,
     *,
+    effort: Effort | None = None,
     now: datetime | None = None,
 ) -> Claim:
-    """Serve, start, take over, or wait for the decision of ``parts``. Commits.
+    """Serve, start, take over, refine, or wait for the decision of ``parts``. Commits.
+
+    Without ``effort`` any done decision is a hit; with it, only one whose effort covers it
+    (see the module's docstring), else a REFINE claim or BUSY while another caller refines.
 
     Correct across threads and processes because every contended step is one atomic
     statement guarded by the database: the unique key decides who inserts the pending row
@@ -183,7 +236,9 @@ def claim_decision(
     # The common case, a cache hit, is a single indexed read and no write.
     existing = get_decision_by_key(session, key)
     if existing is not None and existing.status == DecisionStatus.DONE:
-        return Claim(ClaimOutcome.HIT, existing)
+        if effort is None or effort_covers(existing.effort, effort):
+            return Claim(ClaimOutcome.HIT, existing)
+        return _claim_refinement(session, key, owner, lease_expires_at, now, effort)
 
     if existing is None:
         inserted = session.execute(
@@ -230,28 +285,69 @@ def claim_decision(
     if taken is not None:
         return Claim(ClaimOutcome.TAKEN_OVER, row)
     if row.status == DecisionStatus.DONE:
+        if effort is None or effort_covers(row.effort, effort):
+            return Claim(ClaimOutcome.HIT, row)
+        return _claim_refinement(session, key, owner, lease_expires_at, now, effort)
+    return Claim(ClaimOutcome.BUSY, row)
+
+
+def _claim_refinement(session: Session, key: str, owner: str, lease_expires_at: datetime, now: datetime,
+                      effort: Effort) -> Claim:
+    """A lease on a done row for a refinement: one refiner at a time (compare-and-set on a free
+    or expired lease); the row stays done meanwhile."""
+    taken = session.execute(
+        update(_DECISIONS)
+        .where(
+            Decision.key == key,
+            Decision.status == DecisionStatus.DONE,
+            or_(Decision.lease_owner.is_(None), Decision.lease_expires_at.is_(None), Decision.lease_expires_at <= now),
+        )
+        .values(lease_owner=owner, lease_expires_at=lease_expires_at)
+        .returning(_DECISIONS.c.id)
+    ).scalar_one_or_none()
+    session.commit()
+    row = _decision_by_key(session, key)
+    if taken is not None:
+        return Claim(ClaimOutcome.REFINE, row)
+    if row.status == DecisionStatus.DONE and effort_covers(row.effort, effort):
         return Claim(ClaimOutcome.HIT, row)
     return Claim(ClaimOutcome.BUSY, row)
+
+
+def renew_lease(session: Session, decision_id: int, owner: str, lease_s: float, *, now: datetime | None = None) -> bool:
+    """Extend the caller's lease by ``lease_s`` from now. Commits. False: the lease was lost."""
+    now = now or utcnow()
+    renewed = session.execute(
+        update(_DECISIONS)
+        .where(Decision.id == decision_id, Decision.lease_owner == owner)
+        .values(lease_expires_at=now + timedelta(seconds=lease_s))
+        .returning(_DECISIONS.c.id)
+    ).scalar_one_or_none()
+    session.commit()
+    return renewed is not None
 
 
 def complete_decision(
     session: Session,
     decision_id: int,
     owner: str,
-    result: DecisionResult,
+    result: DecisionResult | None,
     *,
+    effort: dict[str, Any] | None = None,
     now: datetime | None = None,
 ) -> Decision | None:
-    """Store the result and mark the decision done. Commits.
+    """Store the result and mark the decision done, with ``effort`` as its effort. Commits.
 
-    Only the lease holder can complete: None means the lease was taken over (or the row is no
-    longer pending), and the caller should read the decision instead of its own result.
+    ``result`` None (a refinement that found nothing better) keeps the stored plan and only
+    records the effort. Only the lease holder can complete: None means the lease was taken
+    over, and the caller should read the decision instead of its own result.
     """
     now = now or utcnow()
-    completed = session.execute(
-        update(_DECISIONS)
-        .where(*_held_by(decision_id, owner))
-        .values(
+    values: dict[str, Any] = {"lease_owner": None, "lease_expires_at": None, "updated_at": now}
+    if effort is not None:
+        values["effort"] = effort
+    if result is not None:
+        values |= dict(
             status=DecisionStatus.DONE,
             plan=result.plan,
             predicted_cost=result.predicted_cost,
@@ -263,12 +359,12 @@ def complete_decision(
             origin_map=result.origin_map,
             search_stats=result.search_stats,
             timings=result.timings,
+            realised_for=result.realised_for,
             error=None,
-            lease_owner=None,
-            lease_expires_at=None,
-            updated_at=now,
         )
-        .returning(_DECISIONS.c.id)
+    holder = _held_by(decision_id, owner) if result is not None else _refining(decision_id, owner)
+    completed = session.execute(
+        update(_DECISIONS).where(*holder).values(**values).returning(_DECISIONS.c.id)
     ).scalar_one_or_none()
     session.commit()
     return None if completed is None else _decision_by_id(session, completed)
@@ -284,8 +380,18 @@ def fail_decision(
     now: datetime | None = None,
 ) -> Decision | None:
     """Mark the decision failed. Commits. A failed decision is never a hit: the next claim
-    takes it over and retries. None: the lease was lost (see ``complete_decision``)."""
+    takes it over and retries. A refinement's failure only releases its lease: the done row
+    keeps its plan. None: the lease was lost (see ``complete_decision``)."""
     now = now or utcnow()
+    released = session.execute(
+        update(_DECISIONS)
+        .where(Decision.id == decision_id, Decision.status == DecisionStatus.DONE, Decision.lease_owner == owner)
+        .values(lease_owner=None, lease_expires_at=None)
+        .returning(_DECISIONS.c.id)
+    ).scalar_one_or_none()
+    if released is not None:
+        session.commit()
+        return _decision_by_id(session, released)
     failed = session.execute(
         update(_DECISIONS)
         .where(*_held_by(decision_id, owner))
@@ -308,14 +414,15 @@ def wait_for_decision(
     key: str,
     timeout_s: float,
     *,
+    effort: Effort | None = None,
     poll_s: float = 0.02,
     max_poll_s: float = 0.25,
 ) -> Decision | None:
     """Poll until the decision of ``key`` needs no more waiting, at most ``timeout_s``.
 
-    Returns the row once it is done or failed, once its lease expired (the owner died: claim
-    it again to take over), or, at the timeout, as it is then (still pending). None if no
-    decision has that key. Each poll uses a fresh short session, so it sees other commits
+    Returns the row once it is done (with ``effort``: done and covering it, or done with no
+    refinement running) or failed, once its lease expired (the owner died: claim it again to
+    take over), or, at the timeout, as it is then. None if no decision has that key. Each poll uses a fresh short session, so it sees other commits
     (a long-lived SQLite read transaction would keep showing the old snapshot).
     """
     deadline = time.monotonic() + timeout_s
@@ -323,7 +430,9 @@ def wait_for_decision(
     while True:
         with sessions() as session:
             row = get_decision_by_key(session, key)
-        if row is None or row.status != DecisionStatus.PENDING:
+        if row is None or row.status == DecisionStatus.FAILED:
+            return row
+        if row.status == DecisionStatus.DONE and (effort is None or effort_covers(row.effort, effort)):
             return row
         if row.lease_expires_at is None or row.lease_expires_at <= utcnow():
             return row
@@ -340,28 +449,35 @@ def claim_or_wait(
     owner: str,
     lease_s: float,
     timeout_s: float,
+    *,
+    effort: Effort | None = None,
 ) -> Claim:
     """``claim_decision``, waiting out other owners: the usual entry point for a request.
 
-    Returns a HIT, an owned claim (OWNED or TAKEN_OVER: run the search and complete or fail
-    it), or BUSY if another owner still holds a live lease after ``timeout_s``.
+    Returns a HIT, an owned claim (OWNED, TAKEN_OVER or REFINE: run the search and complete or
+    fail it), or BUSY if another owner still holds a live lease after ``timeout_s``.
     """
     deadline = time.monotonic() + timeout_s
     while True:
         with sessions() as session:
-            claim = claim_decision(session, parts, owner, lease_s)
+            claim = claim_decision(session, parts, owner, lease_s, effort=effort)
         remaining = deadline - time.monotonic()
         if claim.outcome is not ClaimOutcome.BUSY or remaining <= 0:
             return claim
-        wait_for_decision(sessions, claim.decision.key, remaining)
+        wait_for_decision(sessions, claim.decision.key, remaining, effort=effort)
 
 
 def _held_by(decision_id: int, owner: str) -> tuple[Any, ...]:
+    """The caller's lease: on a pending row, or a refinement lease on a done row."""
     return (
         Decision.id == decision_id,
-        Decision.status == DecisionStatus.PENDING,
+        Decision.status.in_([DecisionStatus.PENDING, DecisionStatus.DONE]),
         Decision.lease_owner == owner,
     )
+
+
+def _refining(decision_id: int, owner: str) -> tuple[Any, ...]:
+    return (Decision.id == decision_id, Decision.status == DecisionStatus.DONE, Decision.lease_owner == owner)
 
 
 def _decision_by_id(session: Session, decision_id: int) -> Decision:

@@ -158,6 +158,11 @@ class Decision(Base):
     search_stats: Mapped[dict[str, Any] | None] = mapped_column(JSONType, default=None)
     timings: Mapped[dict[str, Any] | None] = mapped_column(JSONType, default=None)
     error: Mapped[str | None] = mapped_column(Text, default=None)
+    # The searches behind the plan, per strategy: {"tpe": {"budget", "seconds", "complete"}}.
+    # A request asking for more effort refines the decision (service.store.decisions).
+    effort: Mapped[dict[str, Any] | None] = mapped_column(JSONType, default=None)
+    # The normalised key (service.ir.lexical) of the module text the stored texts came from.
+    realised_for: Mapped[str | None] = mapped_column(String(HASH_LEN), default=None)
 
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)

@@ -8,7 +8,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
-from sqlalchemy import Table, select
+from sqlalchemy import Table, func, select
 from sqlalchemy.orm import Session
 
 from service.store.models import GroupRecord, Trial, utcnow
@@ -33,6 +33,12 @@ class TrialRecord:
 
 # ---------------------------------------------------------------------------------------------
 # Trials
+
+
+def next_trial_number(session: Session, decision_id: int) -> int:
+    """The number after the decision's last trial (a refinement's trials follow the earlier ones)."""
+    last = session.scalar(select(func.max(Trial.number)).where(Trial.decision_id == decision_id))
+    return 0 if last is None else last + 1
 
 
 def save_trials(session: Session, decision_id: int, trials: Sequence[TrialRecord]) -> int:

@@ -10,15 +10,16 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 from service.hardware.model import HardwareModel
 from service.ir.plan import Level, Plan
 from service.ir.tasks import AppliedPlan
 
 # Shape hints as a request gives them ({"arg0": [128, 1024]} or "128x1024"), and buckets.
-ShapeHints = dict[str, list[int] | str]
-Buckets = dict[str, list[int]]
+# Strict ints: `true` is not a dim of 1.
+ShapeHints = dict[str, list[StrictInt] | str]
+Buckets = dict[str, list[StrictInt]]
 Strategy = Literal["tpe", "nsga2", "random", "exhaustive", "supertiling"]
 
 
@@ -95,6 +96,8 @@ class SearchTask(_Contract):
     shape_hints: ShapeHints | None = None
     buckets: Buckets | None = None
     warm_starts: list[WarmStart] = Field(default_factory=list)
+    # Whole plans of this very module to start from (a refinement starts from the stored plan).
+    warm_plans: list[Plan] = Field(default_factory=list)
 
 
 class AnchorCompilationInfo(_Contract):
@@ -139,6 +142,14 @@ class SearchStats(_Contract):
     warnings: list[str]
     dispatch: list[dict[str, Any]] | None
     buckets: list[dict[str, Any]] | None
+
+
+class Realisation(_Contract):
+    """A plan applied to one module text: what a decision answers in that module's own IR."""
+
+    realised: AppliedPlan | None = Field(description="None when the plan leaves the module untiled")
+    compilation_info: dict[str, AnchorCompilationInfo]
+    tuning_spec: str | None = None
 
 
 class SearchOutcome(_Contract):

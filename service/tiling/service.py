@@ -1,8 +1,12 @@
 """The tiling service: a request in, a stored decision out.
 
-    analyse (sandbox) -> decision key -> claim (single-flight through the DB)
-      hit:  the stored decision, no search
-      miss: warm-start plans from group records -> search + realise (sandbox) -> store
+    check text -> analyse (sandbox, or the cache by normalised text) -> decision key
+    -> claim with the request's effort (single-flight through the DB)
+      hit:    the stored decision, answered in the requester's own IR (re-applied when the
+              stored texts came from another text of the same structure)
+      refine: the stored decision tried less hard than asked: search again from its plan,
+              keep the better one and record the effort
+      miss:   warm-start plans from group records -> search + realise (sandbox) -> store
 
 Plain library code: the API, the CLI and workers call `TilingService.decide`.
 """
@@ -13,68 +17,44 @@ import json
 import logging
 import os
 import socket
-import threading
 import time
+import threading
 import uuid
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal, TypeVar
+from typing import Any, Literal, TypeVar
 
 from pebble.common.types import RemoteTraceback
-from pydantic import BaseModel, ConfigDict, Field, field_validator
 from sqlalchemy.orm import Session, sessionmaker
 
 from service.config import Settings
 from service.hardware.cost import COST_MODEL_VERSION
 from service.hardware.model import HardwareModel
 from service.hardware.profiles import UnknownHardwareError
-from service.ir.analysis import source_key
 from service.ir.errors import IRError
+from service.ir.lexical import check_text, normalised_key
 from service.ir.mlir import provider_version
+from service.ir.plan import Plan
 from service.ir.sandbox import Sandbox, result_of
 from service.search.errors import SearchInputError
-from service.search.shapes import parse_shape_hints
 from service.search.space import SPACE_VERSION
 from service.store import catalog, decisions, searches
 from service.store.db import session_scope
 from service.store.models import Decision, DecisionStatus
 
-from .contract import Buckets, ModuleAnalysis, SearchOutcome, SearchTask, ShapeHints, Strategy, WarmStart
+from .capacity import ByteBoundedCache, LeaseHeartbeat, WorkQueue
+from .contract import ModuleAnalysis, Realisation, SearchOutcome, SearchTask, WarmStart
 from .errors import PoolSaturated, TilingFailed
 from .hardware import HardwareCatalog
-from .worker import analyse_request, check_search_shapes, search_and_realise
+from .request import TilingRequest
+from .worker import analyse_request, check_search_shapes, realise_plan, search_and_realise
 
 log = logging.getLogger("tilesearch.tiling")
 
-CacheState = Literal["hit", "warm", "miss"]
+CacheState = Literal["hit", "warm", "miss", "refined"]
 T = TypeVar("T")
 
-_DONE_CACHE_SIZE = 4096
-_ANALYSES_KEPT = 256
-
-
-class TilingRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    module: str = Field(description="MLIR module text")
-    hardware: str | HardwareModel = Field(description="a hardware profile name or an inline model")
-    budget: int = Field(default=64, ge=1, le=5000, description="distinct plans to evaluate")
-    seconds: float | None = Field(default=None, gt=0, le=3600, description="search time limit")
-    strategy: Strategy = "tpe"
-    seed: int = Field(default=0, ge=0, le=2**31 - 1)
-    shape_hints: ShapeHints | None = Field(
-        default=None, description='every dim of a dynamic argument, e.g. {"arg0": [128, 1024]} or {"arg0": "128x1024"}; '
-                                  '"f2.arg0" names the argument of function @f2 only')
-    buckets: Buckets | None = Field(default=None, description='e.g. {"arg0.0": [1, 16, 128]}')
-    reuse: bool = Field(default=True, description="serve a stored decision / warm-start from stored groups")
-    objective: Literal["latency"] = "latency"
-
-    @field_validator("shape_hints")
-    @classmethod
-    def _hints_as_lists(cls, hints: ShapeHints | None) -> ShapeHints | None:
-        """Hints written "128x1024" become [128, 1024]: one spelling, so both forms share a decision."""
-        return parse_shape_hints(hints) if hints else hints
+__all__ = ["CacheState", "TilingOutcome", "TilingRequest", "TilingService"]
 
 
 @dataclass
@@ -82,6 +62,9 @@ class TilingOutcome:
     decision: Decision
     cache: CacheState
     timings: dict[str, float]
+    # The decision's texts in the requester's own IR when its stored ones came from another
+    # text of the same structure (None: the stored texts are the requester's).
+    realisation: Realisation | None = None
 
 
 # What a request can get wrong; any other exception out of a worker is a bug of ours.
@@ -90,6 +73,19 @@ _CALLER_ERRORS = (IRError, SearchInputError, UnknownHardwareError, PoolSaturated
 
 def _shape_bucket(request: TilingRequest) -> str:
     return json.dumps({"hints": request.shape_hints or {}, "buckets": request.buckets or {}}, sort_keys=True)
+
+
+def _decision_bytes(row: Decision) -> int:
+    """About what a cached decision holds: its texts and JSON columns."""
+    texts = sum(len(t or "") for t in (row.tiled_module, row.transform_script, row.tuning_spec))
+    blobs = (row.plan, row.predicted_cost, row.baseline, row.compilation_info, row.origin_map, row.search_stats,
+             row.timings, row.effort)
+    return 512 + texts + sum(len(json.dumps(b)) for b in blobs if b is not None)
+
+
+def _latency(cost: dict[str, Any] | None) -> float:
+    value = (cost or {}).get("latency_s")
+    return float(value) if value is not None else float("inf")
 
 
 class TilingService:
@@ -101,22 +97,27 @@ class TilingService:
         self.settings = settings
         self.hardware = HardwareCatalog(sessions)
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-        # Queue at most one waiting task per worker; beyond that a client is told to retry.
-        # A semaphore: requests run on many threads, and a plain counter races.
-        self.capacity = sandbox.workers * 2
-        self._slots = threading.BoundedSemaphore(self.capacity)
-        # Sandbox analyses by module text: a repeated request (the cache-hit path) needs no
-        # worker, and concurrent identical requests share one analysis instead of saturating
-        # the pool. Values are the worker's answer, so nothing MLIR lives in this process.
-        self._analyses: OrderedDict[tuple[str, int], ModuleAnalysis] = OrderedDict()
+        # MLIR tasks queue for the workers (bounded, with a wait); see WorkQueue.
+        self.queue = WorkQueue(sandbox.workers, settings.queue_depth, settings.queue_wait_s)
+        # Analyses by normalised text (service.ir.lexical): a repeated module, also one that
+        # differs only in comments or SSA names, needs no worker; concurrent identical requests
+        # share one analysis. Values are the worker's answer: nothing MLIR lives in this process.
+        self._analyses: ByteBoundedCache[tuple[str, int], ModuleAnalysis] = ByteBoundedCache(
+            settings.analysis_cache_bytes, lambda a: len(a.model_dump_json()))
         self._analysing: dict[tuple[str, int], threading.Event] = {}
         self._analyses_lock = threading.Lock()
-        # Done decisions by key: immutable once done.
-        self._done: OrderedDict[str, Decision] = OrderedDict()
-        self._cache_lock = threading.Lock()
+        # Shape checks that passed, by (normalised text, hints, buckets).
+        self._shapes_ok: ByteBoundedCache[tuple[str, str], bool] = ByteBoundedCache(1024 * 1024, lambda _: 200)
+        # Done decisions by key, with the effort they were served for: a refinement in this
+        # process replaces its entry; one in another process is seen at the next claim that
+        # asks for more than the cached entry covers.
+        self._done: ByteBoundedCache[str, Decision] = ByteBoundedCache(settings.decision_cache_bytes, _decision_bytes)
+        # A decision's texts re-applied to another text of the same structure.
+        self._realised: ByteBoundedCache[tuple[str, str, str], Realisation] = ByteBoundedCache(
+            max(1, settings.decision_cache_bytes // 4), lambda r: len(r.model_dump_json()))
 
     def decide(self, request: TilingRequest) -> TilingOutcome:
-        """The decision for `request`: stored (hit) or searched now (warm / miss).
+        """The decision for `request`: stored (hit), refined, or searched now (warm / miss).
 
         Raises the caller's errors as they are (IRError with diagnostics, SearchInputError,
         UnknownHardwareError, PoolSaturated), TilingFailed for any other exception raised in a
@@ -135,11 +136,13 @@ class TilingService:
     def _decide(self, request: TilingRequest) -> TilingOutcome:
         timings: dict[str, float] = {}
         t0 = time.perf_counter()
+        check_text(request.module)  # before any worker: a lone surrogate, NUL, deep nesting
+        text_key = normalised_key(request.module)
         hardware = self.hardware.resolve(request.hardware)
         limit = self.settings.request_timeout_s
-        analysis = self._analyse(request.module, timeout=limit)
+        analysis = self._analyse(request.module, text_key, timeout=limit)
         if request.shape_hints or request.buckets:
-            self._run(check_search_shapes, request.module, request.shape_hints, request.buckets, timeout=limit)
+            self._check_shapes(request, text_key, timeout=limit)
         timings["analyse_s"] = time.perf_counter() - t0
         parts = decisions.DecisionKeyParts(
             module_fingerprint=analysis.fingerprint,
@@ -154,105 +157,135 @@ class TilingService:
             # A fresh search is asked for: key it apart so it never serves nor replaces the cache.
             parts = decisions.DecisionKeyParts(**{**parts.as_dict(), "objective": f"{request.objective}+fresh:{uuid.uuid4().hex}"})
         key = decisions.decision_key(parts)
+        seconds = min(request.seconds or limit * 0.8, limit * 0.8)
+        effort = decisions.Effort(request.strategy, request.budget, seconds)
         done = self._done.get(key)
-        if done is not None:  # a done decision never changes: no database round trip
-            timings["total_s"] = time.perf_counter() - t0
-            return TilingOutcome(done, "hit", timings)
-        claim = decisions.claim_or_wait(self.sessions, parts, self.owner, lease_s=limit * 2, timeout_s=limit * 2)
+        if done is not None and decisions.effort_covers(done.effort, effort):
+            return self._hit(done, request, text_key, hardware, timings, t0)
+        claim = decisions.claim_or_wait(self.sessions, parts, self.owner, lease_s=self.settings.lease_s,
+                                        timeout_s=limit + self.settings.queue_wait_s, effort=effort)
         if claim.outcome is decisions.ClaimOutcome.HIT:
-            self._remember(key, claim.decision)
-            timings["total_s"] = time.perf_counter() - t0
-            return TilingOutcome(claim.decision, "hit", timings)
+            if request.reuse:
+                self._done.put(key, claim.decision)
+            return self._hit(claim.decision, request, text_key, hardware, timings, t0)
         if not claim.owned:
-            raise PoolSaturated(retry_after_s=max(1, int(limit // 4)))
+            raise PoolSaturated(retry_after_s=self.queue.retry_after_s())
 
-        decision_id = claim.decision.id
-        try:
-            warm = self._warm_starts(analysis, hardware) if request.reuse else []
-            task = SearchTask(
-                hardware=hardware,
-                budget=request.budget,
-                seconds=min(request.seconds or limit * 0.8, limit * 0.8),
-                strategy=request.strategy,
-                seed=request.seed,
-                shape_hints=request.shape_hints,
-                buckets=request.buckets,
-                warm_starts=warm,
-            )
-            t1 = time.perf_counter()
-            outcome = self._run(search_and_realise, request.module, task, timeout=limit)
-            timings["search_s"] = time.perf_counter() - t1
-        except BaseException as exc:
-            with session_scope(self.sessions) as session:
-                decisions.fail_decision(session, decision_id, self.owner, f"{type(exc).__name__}: {exc}")
-            raise
-        cache: CacheState = "warm" if warm else "miss"
+        refining = claim.outcome is decisions.ClaimOutcome.REFINE
+        stored = claim.decision
+        with LeaseHeartbeat(self.sessions, stored.id, self.owner, self.settings.lease_s):
+            try:
+                warm = self._warm_starts(analysis, hardware) if request.reuse else []
+                task = SearchTask(
+                    hardware=hardware,
+                    budget=request.budget,
+                    seconds=seconds,
+                    strategy=request.strategy,
+                    seed=request.seed,
+                    shape_hints=request.shape_hints,
+                    buckets=request.buckets,
+                    warm_starts=warm,
+                    warm_plans=[Plan.model_validate(stored.plan)] if refining and stored.plan else [],
+                )
+                t1 = time.perf_counter()
+                outcome = self._run(search_and_realise, request.module, task, timeout=limit)
+                timings["search_s"] = time.perf_counter() - t1
+            except BaseException as exc:
+                with session_scope(self.sessions) as session:
+                    decisions.fail_decision(session, stored.id, self.owner, f"{type(exc).__name__}: {exc}")
+                raise
+            cache: CacheState = "refined" if refining else "warm" if warm else "miss"
+            timings["total_s"] = time.perf_counter() - t0
+            decision = self._store(request, analysis, hardware, stored, outcome, cache, warm, timings, key,
+                                   text_key, effort)
+        return self._answer(decision, cache, request, text_key, hardware, timings)
+
+    def _hit(self, decision: Decision, request: TilingRequest, text_key: str, hardware: HardwareModel,
+             timings: dict[str, float], t0: float) -> TilingOutcome:
+        outcome = self._answer(decision, "hit", request, text_key, hardware, timings)
         timings["total_s"] = time.perf_counter() - t0
-        decision = self._store(request, analysis, hardware, decision_id, outcome, cache, warm, timings, key)
-        return TilingOutcome(decision, cache, timings)
+        return outcome
 
-    def _store(self, request: TilingRequest, analysis: ModuleAnalysis, hardware: HardwareModel, decision_id: int,
+    def _answer(self, decision: Decision, cache: CacheState, request: TilingRequest, text_key: str,
+                hardware: HardwareModel, timings: dict[str, float]) -> TilingOutcome:
+        """The decision in the requester's IR: its stored texts when they came from this very
+        text (up to comments and SSA names), else its plan re-applied to the requester's text."""
+        if decision.status != DecisionStatus.DONE or decision.plan is None or decision.realised_for == text_key:
+            return TilingOutcome(decision, cache, timings)
+        plan = Plan.model_validate(decision.plan)
+        realised_key = (decision.key, json.dumps(decision.plan, sort_keys=True), text_key)
+        realisation = self._realised.get(realised_key)
+        if realisation is None:
+            t1 = time.perf_counter()
+            realisation = self._run(realise_plan, request.module, plan, hardware, timeout=self.settings.request_timeout_s)
+            timings["realise_s"] = time.perf_counter() - t1
+            self._realised.put(realised_key, realisation)
+        return TilingOutcome(decision, cache, timings, realisation)
+
+    def _store(self, request: TilingRequest, analysis: ModuleAnalysis, hardware: HardwareModel, claimed: Decision,
                outcome: SearchOutcome, cache: CacheState, warm: list[WarmStart], timings: dict[str, float],
-               key: str) -> Decision | None:
-        """Complete the claimed decision with the search's outcome, its trials and group records."""
+               key: str, text_key: str, effort: decisions.Effort) -> Decision:
+        """Complete the claimed decision with the search's outcome (a refinement: only if it is
+        better than the stored plan), record the effort, store trials and group records."""
         realised = outcome.realised
         stats = outcome.stats.model_dump() | {"cache": cache, "warm_start_groups": [w.signature for w in warm]}
+        refining = claimed.status == DecisionStatus.DONE
+        better = not refining or _latency(outcome.predicted) < _latency(claimed.predicted_cost)
+        new_effort = decisions.merged_effort(claimed.effort if refining else None, effort, outcome.stats.complete)
+        result = decisions.DecisionResult(
+            plan=outcome.plan.model_dump(),
+            predicted_cost=outcome.predicted,
+            baseline=outcome.baseline,
+            transform_script=realised.transform_script if realised else None,
+            tiled_module=realised.tiled_module if realised else None,
+            compilation_info={uid: info.model_dump() for uid, info in outcome.compilation_info.items()},
+            tuning_spec=outcome.tuning_spec,
+            origin_map=realised.origin if realised else None,
+            search_stats=stats,
+            timings=timings,
+            realised_for=text_key,
+        ) if better else None
         with session_scope(self.sessions) as session:
             catalog.upsert_module(session, analysis.fingerprint, request.module,
                                   {"ops": [op.model_dump() for op in analysis.ops]})
             catalog.upsert_hardware(session, hardware.content_hash(), hardware.name, hardware.model_dump(mode="json"))
-            decision = decisions.complete_decision(
-                session,
-                decision_id,
-                self.owner,
-                decisions.DecisionResult(
-                    plan=outcome.plan.model_dump(),
-                    predicted_cost=outcome.predicted,
-                    baseline=outcome.baseline,
-                    transform_script=realised.transform_script if realised else None,
-                    tiled_module=realised.tiled_module if realised else None,
-                    compilation_info={uid: info.model_dump() for uid, info in outcome.compilation_info.items()},
-                    tuning_spec=outcome.tuning_spec,
-                    origin_map=realised.origin if realised else None,
-                    search_stats=stats,
-                    timings=timings,
-                ),
-            )
+            first_trial = searches.next_trial_number(session, claimed.id) if refining else 0
+            decision = decisions.complete_decision(session, claimed.id, self.owner, result, effort=new_effort)
             if decision is None:  # lease lost to another owner: serve theirs
-                decision = decisions.get_decision(session, decision_id)
+                decision = decisions.get_decision(session, claimed.id)
             if decision is not None and decision.status == DecisionStatus.DONE and request.reuse:
-                self._remember(key, decision)
-            searches.save_trials(session, decision_id, [searches.TrialRecord(**t.model_dump()) for t in outcome.trials])
+                self._done.put(key, decision)
+            searches.save_trials(session, claimed.id, [
+                searches.TrialRecord(**(t.model_dump() | {"number": first_trial + t.number})) for t in outcome.trials])
             for best in outcome.group_bests:
                 searches.record_group_best(session, signature=best.signature, hardware_hash=hardware.content_hash(),
                                            plan=best.plan.model_dump(mode="json"), latency_s=best.latency_s,
-                                           decision_id=decision_id)
+                                           decision_id=claimed.id)
+        if decision is None:
+            raise TilingFailed("DecisionVanished", f"decision {claimed.id} is gone from the store")
         return decision
 
-    def _remember(self, key: str, decision: Decision) -> None:
-        with self._cache_lock:
-            self._done[key] = decision
-            self._done.move_to_end(key)
-            if len(self._done) > _DONE_CACHE_SIZE:
-                self._done.popitem(last=False)
-
     def _run(self, fn: Callable[..., T], *args: object, timeout: float) -> T:
-        """fn(*args) in a sandbox worker, with back-pressure: PoolSaturated when every slot is taken."""
-        if not self._slots.acquire(blocking=False):
-            raise PoolSaturated(retry_after_s=max(1, int(timeout // 4)))
-        try:
+        """fn(*args) in a sandbox worker, after waiting in the bounded queue (PoolSaturated when
+        the queue is full or the wait too long)."""
+        with self.queue.slot():
             return result_of(self.sandbox.submit(fn, *args, timeout=timeout), timeout)
-        finally:
-            self._slots.release()
 
-    def _analyse(self, module: str, *, timeout: float) -> ModuleAnalysis:
-        """`analyse_request` in the sandbox, once per module text at a time (errors are not kept)."""
-        key = (source_key(module), self.settings.max_ops)
+    def _check_shapes(self, request: TilingRequest, text_key: str, *, timeout: float) -> None:
+        key = (text_key, json.dumps([request.shape_hints, request.buckets], sort_keys=True))
+        if self._shapes_ok.get(key):
+            return
+        self._run(check_search_shapes, request.module, request.shape_hints, request.buckets, timeout=timeout)
+        self._shapes_ok.put(key, True)
+
+    def _analyse(self, module: str, text_key: str, *, timeout: float) -> ModuleAnalysis:
+        """`analyse_request` in the sandbox, once per normalised text at a time (errors are not kept)."""
+        key = (text_key, self.settings.max_ops)
         while True:
             with self._analyses_lock:
-                if key in self._analyses:
-                    self._analyses.move_to_end(key)
-                    return self._analyses[key]
+                cached = self._analyses.get(key)
+                if cached is not None:
+                    return cached
                 running = self._analysing.get(key)
                 if running is None:
                     running = self._analysing[key] = threading.Event()
@@ -260,10 +293,7 @@ class TilingService:
             running.wait(timeout)  # then look again: done, or failed and ours to retry
         try:
             analysis = self._run(analyse_request, module, self.settings.max_ops, timeout=timeout)
-            with self._analyses_lock:
-                self._analyses[key] = analysis
-                if len(self._analyses) > _ANALYSES_KEPT:
-                    self._analyses.popitem(last=False)
+            self._analyses.put(key, analysis)
             return analysis
         finally:
             with self._analyses_lock:

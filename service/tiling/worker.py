@@ -23,6 +23,7 @@ from .contract import (
     GroupSite,
     ModuleAnalysis,
     OpSummary,
+    Realisation,
     SearchOutcome,
     SearchStats,
     SearchTask,
@@ -123,7 +124,7 @@ def search_and_realise(source: str, task: SearchTask) -> SearchOutcome:
     """Search (in this worker, one process), then realise the best plan: tiled IR, script,
     origin map, IREE compilation_info, trials and group records for the store."""
     graph = cached_analysis(source).graph
-    warm = warm_start_plans(graph, task.warm_starts)
+    warm = [plan.model_dump() for plan in task.warm_plans] + warm_start_plans(graph, task.warm_starts)
     # Plans are evaluated in a worker this job process keeps (pebble's workers may start
     # processes): a plan that crashes MLIR costs that plan, as in the CLI, not the request.
     result = tune(
@@ -151,4 +152,16 @@ def search_and_realise(source: str, task: SearchTask) -> SearchOutcome:
         trials=_trials(result),
         group_bests=_group_bests(graph, plan, result),
         stats=_stats(result),
+    )
+
+
+def realise_plan(source: str, plan: Plan, hardware: HardwareModel) -> Realisation:
+    """A stored plan applied to this module text (same structure, its own names and constants):
+    a hit answers in the requester's IR. Milliseconds; no search."""
+    graph = cached_analysis(source).graph
+    translation_info = _translation_info_for(hardware=hardware)
+    return Realisation(
+        realised=apply_plan_to_text(source, plan) if plan.groups else None,
+        compilation_info=compilation_infos(graph, plan, translation_info),
+        tuning_spec=spec_for_plan(graph, plan, translation_info),
     )

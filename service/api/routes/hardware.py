@@ -4,15 +4,15 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from service.api.deps import DbSession, TilingServiceDep, WriteAuth
+from service.api.deps import DbSession, TilingServiceDep, TokenAuth
 from service.api.schemas import ErrorBody, HardwareList, HardwareOut
 from service.hardware.model import HardwareModel
 from service.tiling.hardware import NamedHardware, find_hardware, list_named_hardware
 
-router = APIRouter(prefix="/v1/hardware", tags=["hardware"])
+router = APIRouter(prefix="/v1/hardware", tags=["hardware"], dependencies=[TokenAuth])
 
 
-@router.post("", response_model=HardwareOut, status_code=201, dependencies=[WriteAuth])
+@router.post("", response_model=HardwareOut, status_code=201)
 def create_hardware(model: HardwareModel, service: TilingServiceDep) -> HardwareOut:
     """Store a custom model; requests then name it. A stored name shadows a built-in profile
     (other API processes see it within their short name cache, HARDWARE_TTL_S)."""

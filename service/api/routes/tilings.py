@@ -5,9 +5,10 @@ from __future__ import annotations
 import re
 from typing import Annotated
 
-from fastapi import APIRouter, HTTPException, Query
+import anyio.to_thread
+from fastapi import APIRouter, HTTPException, Query, Request
 
-from service.api.deps import DbSession, MetricsDep, TilingServiceDep, WriteAuth
+from service.api.deps import DbSession, MetricsDep, TilingServiceDep, TokenAuth
 from service.api.schemas import DecisionOut, DecisionPage, DecisionSummary, ErrorBody, TilingRequest, TrialOut, TrialPage
 from service.hardware.profiles import UnknownHardwareError
 from service.ir.errors import IRError
@@ -17,23 +18,28 @@ from service.store.query import DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE
 from service.tiling.errors import PoolSaturated, TilingFailed
 from service.tiling.hardware import resolve_hardware
 
-router = APIRouter(prefix="/v1/tilings", tags=["tilings"])
+router = APIRouter(prefix="/v1/tilings", tags=["tilings"], dependencies=[TokenAuth])
 
 _CURSOR = r"^[A-Za-z0-9_=-]+$"  # what the store hands out (urlsafe base64)
 _HARDWARE_HASH = re.compile(r"[0-9a-f]{16}")
 _ERRORS = {
     404: {"model": ErrorBody, "description": "unknown hardware or decision"},
+    401: {"model": ErrorBody, "description": "a token is configured and the request does not carry it"},
     422: {"model": ErrorBody, "description": "bad MLIR (with diagnostics), too many ops, bad parameters"},
 }
 
 
-# A plain `def`: FastAPI runs it in its threadpool, and `decide` blocks on the sandbox and the DB.
-@router.post("", response_model=DecisionOut, dependencies=[WriteAuth],
-             responses={**_ERRORS, 503: {"model": ErrorBody, "description": "pool saturated; see Retry-After"}})
-def create_tiling(body: TilingRequest, service: TilingServiceDep, metrics: MetricsDep) -> DecisionOut:
-    """The decision for a module on a hardware model: stored (hit) or searched (warm / miss)."""
+# `decide` blocks (on the MLIR queue, on another owner's search, on the DB): it runs on threads
+# of the tiling limiter, not FastAPI's threadpool, so however many requests wait there the
+# probes and reads still find a thread.
+@router.post("", response_model=DecisionOut,
+             responses={**_ERRORS, 503: {"model": ErrorBody, "description": "the MLIR queue is full; see Retry-After"}})
+async def create_tiling(body: TilingRequest, request: Request, service: TilingServiceDep,
+                        metrics: MetricsDep) -> DecisionOut:
+    """The decision for a module on a hardware model: stored (hit), refined (the stored one had
+    less effort than asked), or searched (warm / miss). Answers in the requester's own IR."""
     try:
-        outcome = service.decide(body)
+        outcome = await anyio.to_thread.run_sync(service.decide, body, limiter=request.app.state.tiling_limiter)
     except (IRError, UnknownHardwareError, PoolSaturated, SearchInputError) as exc:
         metrics.tiling_errors.labels(type(exc).__name__).inc()
         raise
@@ -41,7 +47,7 @@ def create_tiling(body: TilingRequest, service: TilingServiceDep, metrics: Metri
         metrics.tiling_errors.labels(exc.error).inc()
         raise
     metrics.observe_tiling(outcome)
-    return DecisionOut.from_row(outcome.decision, cache=outcome.cache, request_timings=outcome.timings)
+    return DecisionOut.from_outcome(outcome)
 
 
 @router.get("", response_model=DecisionPage, responses=_ERRORS)

@@ -1,0 +1,297 @@
+"""Issue #22 in process: effort-aware decisions, answers in the requester's IR, the bounded
+queue, request bounds, byte-bounded caches and messages that say what to fix (SQLite and
+PostgreSQL where the store is involved). The real-process parts are in
+test_hardening_process.py."""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from fastapi.testclient import TestClient
+from pydantic import ValidationError
+from sqlalchemy import func, select
+
+from _shared import workload
+from service.api.app import create_app
+from service.config import Settings
+from service.ir.errors import InvalidTextError, ModuleTooLargeError, NestingTooDeepError
+from service.ir.lexical import MAX_NESTING, check_text, normalised_key
+from service.ir.parse import parse_module
+from service.ir.sandbox import Sandbox
+from service.store import decisions
+from service.store.models import Decision, Trial
+from service.tiling.capacity import ByteBoundedCache, WorkQueue
+from service.tiling.errors import PoolSaturated
+from service.tiling.request import MAX_BUCKET_VALUES, MAX_DIM, TilingRequest
+from service.tiling.service import TilingService
+
+MATMUL = workload("matmul_1024")
+# The same module for MLIR: another comment, other SSA names, other spacing.
+MATMUL_RESPELLED = (MATMUL.replace("// Square", "// a comment of another user\n// Square")
+                    .replace("%acc", "%accumulator").replace("%a", "%lhs").replace("  %", "    %"))
+# The same structure under another function name: the same decision, answered in its own names.
+MATMUL_RENAMED = MATMUL.replace("@matmul_1024", "@tenant_b_kernel")
+
+
+@pytest.fixture(scope="module")
+def sandbox():
+    with Sandbox(workers=2) as sb:
+        yield sb
+
+
+@pytest.fixture
+def service(sessions, migrated_url, sandbox) -> TilingService:
+    return TilingService(sessions, sandbox, Settings(database_url=migrated_url, request_timeout_s=60))
+
+
+def _count(sessions, model) -> int:
+    with sessions() as s:
+        return s.scalar(select(func.count()).select_from(model))
+
+
+# --------------------------------------------------------------------------- 1. effort
+
+
+def test_request_fields_are_strict() -> None:
+    for field, value in (("budget", True), ("budget", 3.0), ("seed", False), ("seconds", True), ("reuse", 1)):
+        with pytest.raises(ValidationError):
+            TilingRequest(module=MATMUL, hardware="host-cpu", **{field: value})
+    with pytest.raises(ValidationError):
+        TilingRequest(module=MATMUL, hardware="host-cpu", shape_hints={"arg0": [True, 1024]})
+
+
+def test_more_effort_refines_the_stored_decision(service, sessions) -> None:
+    small = TilingRequest(module=MATMUL, hardware="host-cpu", budget=2, seed=1)
+    first = service.decide(small)
+    assert first.cache == "miss"
+    assert first.decision.effort == {"tpe": {"budget": 2, "seconds": 48.0, "complete": True}}
+    # No more effort than stored: a hit.
+    assert service.decide(small.model_copy(update={"budget": 1})).cache == "hit"
+    trials = _count(sessions, Trial)
+
+    # More effort: refined in place (same decision), warm-started from the stored plan.
+    big = small.model_copy(update={"budget": 16})
+    refined = service.decide(big)
+    assert refined.cache == "refined" and refined.decision.id == first.decision.id
+    assert refined.decision.effort["tpe"]["budget"] == 16
+    assert refined.decision.predicted_cost["latency_s"] <= first.decision.predicted_cost["latency_s"]
+    assert _count(sessions, Trial) > trials  # the refinement's trials follow the first ones
+    assert _count(sessions, Decision) == 1
+    # Now covered, in this process and through the store.
+    assert service.decide(big).cache == "hit"
+    with sessions() as s:
+        claim = decisions.claim_decision(s, _parts(first.decision), "other", 5, effort=decisions.Effort("tpe", 16, 48.0))
+    assert claim.outcome is decisions.ClaimOutcome.HIT
+    # Another strategy is effort the stored decision has not had.
+    assert service.decide(small.model_copy(update={"strategy": "random"})).cache == "refined"
+
+
+def _parts(row: Decision) -> decisions.DecisionKeyParts:
+    return decisions.DecisionKeyParts(**{name: getattr(row, name) for name in decisions.DecisionKeyParts.__slots__})
+
+
+def test_refinement_lease_is_single_flight_and_keeps_the_done_row(sessions) -> None:
+    parts = decisions.DecisionKeyParts("fp", "hw", "s1", "c1", "latency", "{}", "p1")
+    little, more = decisions.Effort("tpe", 2, 10.0), decisions.Effort("tpe", 50, 10.0)
+    with sessions() as s:
+        owned = decisions.claim_decision(s, parts, "a", 5, effort=little)
+        decisions.complete_decision(s, owned.decision.id, "a", decisions.DecisionResult(plan={"groups": []}),
+                                    effort=decisions.merged_effort(None, little, complete=True))
+        refine = decisions.claim_decision(s, parts, "b", 5, effort=more)
+        assert refine.outcome is decisions.ClaimOutcome.REFINE and refine.decision.status == "done"
+        assert decisions.claim_decision(s, parts, "c", 5, effort=more).outcome is decisions.ClaimOutcome.BUSY
+        # While b refines, a request for no more than the stored effort is served at once.
+        assert decisions.claim_decision(s, parts, "c", 5, effort=little).outcome is decisions.ClaimOutcome.HIT
+        assert decisions.renew_lease(s, owned.decision.id, "b", 5)
+        assert not decisions.renew_lease(s, owned.decision.id, "c", 5)
+        # Nothing better found: the plan stays, the effort is recorded, the lease released.
+        done = decisions.complete_decision(s, owned.decision.id, "b", None,
+                                           effort=decisions.merged_effort(refine.decision.effort, more, complete=True))
+        assert done is not None and done.status == "done" and done.lease_owner is None
+        assert decisions.claim_decision(s, parts, "c", 5, effort=more).outcome is decisions.ClaimOutcome.HIT
+        # A refinement that fails only releases its lease: the row stays done.
+        refine = decisions.claim_decision(s, parts, "d", 5, effort=decisions.Effort("random", 4, 10.0))
+        failed = decisions.fail_decision(s, refine.decision.id, "d", "boom")
+        assert failed is not None and failed.status == "done" and failed.plan == {"groups": []}
+
+
+# --------------------------------------------------------------------------- 2. the requester's IR
+
+
+def test_hit_answers_in_the_requesters_own_ir(service) -> None:
+    request = TilingRequest(module=MATMUL, hardware="host-cpu", budget=4)
+    first = service.decide(request)
+    assert first.realisation is None and "@matmul_1024" in first.decision.tiled_module
+
+    other = service.decide(request.model_copy(update={"module": MATMUL_RENAMED}))
+    assert other.cache == "hit" and other.decision.id == first.decision.id
+    tiled = other.realisation.realised.tiled_module
+    assert "@tenant_b_kernel" in tiled and "matmul_1024" not in tiled
+    assert other.realisation.tuning_spec == first.decision.tuning_spec  # matchers name no function
+
+    # Only comments, spacing and SSA names differ: MLIR prints it the same, the stored text is its own.
+    respelled = service.decide(request.model_copy(update={"module": MATMUL_RESPELLED}))
+    assert respelled.cache == "hit" and respelled.realisation is None
+
+
+def test_token_guards_reads_and_a_second_tenant_gets_its_own_text(migrated_url) -> None:
+    settings = Settings(database_url=migrated_url, api_token="t0ken", pool_workers=1)
+    auth = {"Authorization": "Bearer t0ken"}
+    with TestClient(create_app(settings)) as client:
+        body = {"module": MATMUL, "hardware": "host-cpu", "budget": 4}
+        first = client.post("/v1/tilings", json=body, headers=auth).json()
+        for path in (f"/v1/tilings/{first['id']}", f"/v1/tilings/{first['id']}/trials", "/v1/tilings", "/v1/hardware"):
+            denied = client.get(path)
+            assert denied.status_code == 401 and "Bearer" in denied.json()["detail"]["message"]
+        second = client.post("/v1/tilings", json={**body, "module": MATMUL_RENAMED}, headers=auth).json()
+        assert second["cache"] == "hit" and second["id"] == first["id"]
+        assert "@tenant_b_kernel" in second["tiled_module"] and "matmul_1024" not in second["tiled_module"]
+
+
+# --------------------------------------------------------------------------- 5. back-pressure
+
+
+def test_work_queue_waits_in_line_and_computes_retry_after() -> None:
+    queue = WorkQueue(workers=1, depth=8, max_wait_s=30)
+    order: list[int] = []
+
+    def task(i: int) -> None:
+        with queue.slot():
+            order.append(i)
+            time.sleep(0.05)
+
+    with ThreadPoolExecutor(6) as pool:
+        list(pool.map(task, range(6)))
+    assert sorted(order) == list(range(6))  # all six ran, none refused
+
+    full = WorkQueue(workers=1, depth=1, max_wait_s=30)
+    release = threading.Event()
+
+    def hold() -> None:
+        with full.slot():
+            release.wait(10)
+
+    with ThreadPoolExecutor(2) as pool:
+        pool.submit(hold)
+        pool.submit(hold)  # waits in the one place of the line
+        deadline = time.monotonic() + 5
+        while full.waiting < 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        with pytest.raises(PoolSaturated) as refused:
+            with full.slot():
+                pass
+        release.set()
+    assert refused.value.retry_after_s >= 2  # one running and one waiting ahead, ~1 s each
+
+
+def test_respelled_module_is_a_hit_without_a_worker(service, monkeypatch) -> None:
+    request = TilingRequest(module=MATMUL, hardware="host-cpu", budget=4)
+    first = service.decide(request)
+
+    def no_worker(*_args, **_kwargs):
+        raise AssertionError("a worker was used")
+
+    monkeypatch.setattr(service, "_run", no_worker)
+    again = service.decide(request.model_copy(update={"module": MATMUL_RESPELLED}))
+    assert again.cache == "hit" and again.decision.id == first.decision.id
+
+
+def test_distinct_cold_requests_queue_instead_of_503(migrated_url) -> None:
+    modules = [MATMUL.replace("1024", str(n)) for n in (64, 96, 128, 160, 192, 224)]
+    with TestClient(create_app(Settings(database_url=migrated_url, pool_workers=1))) as client:
+        with ThreadPoolExecutor(len(modules)) as pool:
+            responses = list(pool.map(
+                lambda m: client.post("/v1/tilings", json={"module": m, "hardware": "host-cpu", "budget": 2}), modules))
+    assert [r.status_code for r in responses] == [200] * len(modules), [r.text for r in responses]
+
+
+# --------------------------------------------------------------------------- 6. bounds
+
+
+def test_hints_and_buckets_are_bounded_at_validation(migrated_url) -> None:
+    dynamic = workload("dynamic_matmul")
+    with TestClient(create_app(Settings(database_url=migrated_url, pool_workers=1))) as client:
+        huge = client.post("/v1/tilings", json={"module": dynamic, "hardware": "host-cpu",
+                                                "shape_hints": {"arg0": [2**62, 1024]}})
+        assert huge.status_code == 422 and f"1..{MAX_DIM}" in huge.text
+        many = client.post("/v1/tilings", json={"module": dynamic, "hardware": "host-cpu", "shape_hints": {"arg0": [8, 1024]},
+                                                "buckets": {"arg0.0": list(range(1, 2001))}})
+        assert many.status_code == 422 and f"at most {MAX_BUCKET_VALUES}" in many.text
+
+
+# --------------------------------------------------------------------------- 7. caches by bytes
+
+
+def test_caches_are_bounded_by_bytes() -> None:
+    cache: ByteBoundedCache[int, str] = ByteBoundedCache(1000, len)
+    for i in range(50):
+        cache.put(i, "x" * 300)
+    assert cache.bytes <= 1000 and len(cache) == 3 and cache.get(49) is not None and cache.get(0) is None
+    cache.put(99, "y" * 5000)  # larger than the whole bound: not kept
+    assert cache.get(99) is None and cache.bytes <= 1000
+
+
+def test_decision_cache_of_the_service_counts_bytes(sessions, migrated_url, sandbox) -> None:
+    settings = Settings(database_url=migrated_url, decision_cache_bytes=4096)
+    service = TilingService(sessions, sandbox, settings)
+    service.decide(TilingRequest(module=MATMUL, hardware="host-cpu", budget=2))
+    assert len(service._done) == 0  # one decision with its tiled module is more than 4 KiB
+    assert service._done.max_bytes == 4096
+
+
+# --------------------------------------------------------------------------- 8. messages
+
+
+def test_text_guards_say_what_to_fix() -> None:
+    with pytest.raises(InvalidTextError, match="not valid UTF-8 text.*lone surrogate.*line 2"):
+        check_text("func.func @f() {\n\udc80}")
+    deep = "func.func @f() {\n" + "(" * 5000 + ")" * 5000 + "\n}"
+    with pytest.raises(NestingTooDeepError, match=f"too deeply nested.*limit of {MAX_NESTING}"):
+        parse_module(deep)
+    check_text(MATMUL)  # real modules pass
+    assert normalised_key(MATMUL) == normalised_key(MATMUL_RESPELLED) != normalised_key(MATMUL_RENAMED)
+
+
+def test_op_limit_counts_function_body_ops_and_says_so() -> None:
+    generic = """
+  %{i} = linalg.generic {{indexing_maps = [affine_map<(d0) -> (d0)>, affine_map<(d0) -> (d0)>],
+      iterator_types = ["parallel"]}} ins(%{p} : tensor<8xf32>) outs(%{p} : tensor<8xf32>) {{
+  ^bb0(%x: f32, %y: f32):
+    %s = arith.addf %x, %y : f32
+    linalg.yield %s : f32
+  }} -> tensor<8xf32>"""
+    ops = "".join(generic.format(i=f"v{i}", p="arg0" if i == 0 else f"v{i - 1}") for i in range(6))
+    module = f"func.func @f(%arg0: tensor<8xf32>) -> tensor<8xf32> {{{ops}\n  return %v5 : tensor<8xf32>\n}}"
+    parse_module(module, max_ops=7)  # 6 generics + return; their bodies (18 ops) do not count
+    with pytest.raises(ModuleTooLargeError) as err:
+        parse_module(module, max_ops=6)
+    assert err.value.ops == 7 and "7 operations in function bodies" in str(err.value)
+
+
+def test_invalid_text_and_body_get_the_error_shape(migrated_url) -> None:
+    with TestClient(create_app(Settings(database_url=migrated_url, pool_workers=1))) as client:
+        surrogate = client.post("/v1/tilings", headers={"content-type": "application/json"},
+                                content=b'{"module": "func.func @f() {\\udc80}", "hardware": "host-cpu"}')
+        assert surrogate.status_code == 422
+        assert surrogate.json()["detail"]["error"] == "InvalidTextError"
+        assert "not valid UTF-8 text" in surrogate.json()["detail"]["message"]
+        raw = client.post("/v1/tilings", headers={"content-type": "application/json"},
+                          content=b'{"module": "\xff\xfe", "hardware": "host-cpu"}')
+        assert raw.status_code == 400 and "not valid UTF-8" in raw.json()["detail"]["message"]
+        deep = client.post("/v1/tilings", json={"module": "func.func @f() {" + "[" * 3000 + "}", "hardware": "host-cpu"})
+        assert deep.status_code == 422 and "too deeply nested" in deep.json()["detail"]["message"]
+
+
+# --------------------------------------------------------------------------- 9. docs offline
+
+
+def test_docs_load_nothing_from_another_host(migrated_url) -> None:
+    with TestClient(create_app(Settings(database_url=migrated_url, pool_workers=1))) as client:
+        page = client.get("/docs")
+        assert page.status_code == 200 and "http://" not in page.text and "https://" not in page.text
+        for asset in ("swagger-ui-bundle.js", "swagger-ui.css"):
+            assert client.get(f"/static/vendor/swagger-ui/{asset}").status_code == 200
+        assert client.get("/redoc").status_code == 404
