@@ -32,6 +32,7 @@ from service.hardware.profiles import UnknownHardwareError
 from service.ir.analysis import source_key
 from service.ir.errors import IRError
 from service.ir.mlir import provider_version
+from service.ir.plan import Plan
 from service.ir.sandbox import Sandbox, result_of
 from service.search.errors import SearchInputError
 from service.search.shapes import parse_shape_hints
@@ -40,7 +41,17 @@ from service.store import catalog, decisions, searches
 from service.store.db import session_scope
 from service.store.models import Decision, DecisionStatus
 
-from .contract import Buckets, ModuleAnalysis, SearchOutcome, SearchTask, ShapeHints, Strategy, WarmStart
+from .contract import (
+    Buckets,
+    ModuleAnalysis,
+    SearchObserver,
+    SearchOutcome,
+    SearchStopped,
+    SearchTask,
+    ShapeHints,
+    Strategy,
+    WarmStart,
+)
 from .errors import PoolSaturated, TilingFailed
 from .hardware import HardwareCatalog
 from .worker import analyse_request, check_search_shapes, search_and_realise
@@ -77,6 +88,21 @@ class TilingRequest(BaseModel):
         return parse_shape_hints(hints) if hints else hints
 
 
+@dataclass(frozen=True)
+class LongSearch:
+    """How a search that outlives a request runs (a job item): its own time limit, a lease its
+    observer keeps renewing (so a dead worker's claim expires within `lease_s`), and an observer
+    made for the claimed decision that sees the trials as they come and may stop the search.
+    A decision left half done by someone else resumes: its kept trials stay, the new ones are
+    numbered after them, the search starts from their best plan and spends what is left of the
+    budget."""
+
+    owner: str
+    limit_s: float
+    lease_s: float
+    observer: Callable[[int], SearchObserver]  # decision id -> the observer for its search
+
+
 @dataclass
 class TilingOutcome:
     decision: Decision
@@ -84,8 +110,9 @@ class TilingOutcome:
     timings: dict[str, float]
 
 
-# What a request can get wrong; any other exception out of a worker is a bug of ours.
-_CALLER_ERRORS = (IRError, SearchInputError, UnknownHardwareError, PoolSaturated)
+# What a request can get wrong (and a search stopped on purpose); any other exception out of a
+# worker is a bug of ours.
+_CALLER_ERRORS = (IRError, SearchInputError, UnknownHardwareError, PoolSaturated, SearchStopped)
 
 
 def _shape_bucket(request: TilingRequest) -> str:
@@ -115,7 +142,7 @@ class TilingService:
         self._done: OrderedDict[str, Decision] = OrderedDict()
         self._cache_lock = threading.Lock()
 
-    def decide(self, request: TilingRequest) -> TilingOutcome:
+    def decide(self, request: TilingRequest, long: LongSearch | None = None) -> TilingOutcome:
         """The decision for `request`: stored (hit) or searched now (warm / miss).
 
         Raises the caller's errors as they are (IRError with diagnostics, SearchInputError,
@@ -123,7 +150,7 @@ class TilingService:
         worker, and anything raised in this process (e.g. by the database) unchanged.
         """
         try:
-            return self._decide(request)
+            return self._decide(request, long)
         except _CALLER_ERRORS:
             raise
         except Exception as exc:
@@ -132,7 +159,7 @@ class TilingService:
             log.error("tiling task failed in a worker: %s: %s\n%s", type(exc).__name__, exc, exc.__cause__)
             raise TilingFailed(type(exc).__name__, str(exc)) from exc
 
-    def _decide(self, request: TilingRequest) -> TilingOutcome:
+    def _decide(self, request: TilingRequest, long: LongSearch | None) -> TilingOutcome:
         timings: dict[str, float] = {}
         t0 = time.perf_counter()
         hardware = self.hardware.resolve(request.hardware)
@@ -158,7 +185,10 @@ class TilingService:
         if done is not None:  # a done decision never changes: no database round trip
             timings["total_s"] = time.perf_counter() - t0
             return TilingOutcome(done, "hit", timings)
-        claim = decisions.claim_or_wait(self.sessions, parts, self.owner, lease_s=limit * 2, timeout_s=limit * 2)
+        owner = long.owner if long else self.owner
+        search_limit = long.limit_s if long else limit
+        lease_s = long.lease_s if long else limit * 2
+        claim = decisions.claim_or_wait(self.sessions, parts, owner, lease_s=lease_s, timeout_s=max(lease_s, limit) * 2)
         if claim.outcome is decisions.ClaimOutcome.HIT:
             self._remember(key, claim.decision)
             timings["total_s"] = time.perf_counter() - t0
@@ -169,31 +199,36 @@ class TilingService:
         decision_id = claim.decision.id
         try:
             warm = self._warm_starts(analysis, hardware) if request.reuse else []
+            with session_scope(self.sessions) as session:
+                kept = searches.kept_trials(session, decision_id) if long else None
             task = SearchTask(
                 hardware=hardware,
-                budget=request.budget,
-                seconds=min(request.seconds or limit * 0.8, limit * 0.8),
+                budget=max(1, request.budget - kept.count) if kept and kept.count else request.budget,
+                seconds=min(request.seconds or search_limit * 0.8, search_limit * 0.8),
                 strategy=request.strategy,
                 seed=request.seed,
                 shape_hints=request.shape_hints,
                 buckets=request.buckets,
                 warm_starts=warm,
+                trial_offset=kept.next_number if kept else 0,
+                resume_plan=Plan.model_validate(kept.best_plan) if kept and kept.best_plan else None,
             )
             t1 = time.perf_counter()
-            outcome = self._run(search_and_realise, request.module, task, timeout=limit)
+            observer = long.observer(decision_id) if long else None
+            outcome = self._run(search_and_realise, request.module, task, observer, timeout=search_limit)
             timings["search_s"] = time.perf_counter() - t1
         except BaseException as exc:
             with session_scope(self.sessions) as session:
-                decisions.fail_decision(session, decision_id, self.owner, f"{type(exc).__name__}: {exc}")
+                decisions.fail_decision(session, decision_id, owner, f"{type(exc).__name__}: {exc}")
             raise
         cache: CacheState = "warm" if warm else "miss"
         timings["total_s"] = time.perf_counter() - t0
-        decision = self._store(request, analysis, hardware, decision_id, outcome, cache, warm, timings, key)
+        decision = self._store(request, analysis, hardware, decision_id, outcome, cache, warm, timings, key, owner)
         return TilingOutcome(decision, cache, timings)
 
     def _store(self, request: TilingRequest, analysis: ModuleAnalysis, hardware: HardwareModel, decision_id: int,
                outcome: SearchOutcome, cache: CacheState, warm: list[WarmStart], timings: dict[str, float],
-               key: str) -> Decision | None:
+               key: str, owner: str) -> Decision | None:
         """Complete the claimed decision with the search's outcome, its trials and group records."""
         realised = outcome.realised
         stats = outcome.stats.model_dump() | {"cache": cache, "warm_start_groups": [w.signature for w in warm]}
@@ -204,7 +239,7 @@ class TilingService:
             decision = decisions.complete_decision(
                 session,
                 decision_id,
-                self.owner,
+                owner,
                 decisions.DecisionResult(
                     plan=outcome.plan.model_dump(),
                     predicted_cost=outcome.predicted,
