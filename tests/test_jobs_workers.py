@@ -47,16 +47,21 @@ def slow_module() -> str:
 
 
 @pytest.fixture
-def pg_url(pg_admin_engine: Engine) -> Iterator[str]:
+def pg_url_empty(pg_admin_engine: Engine) -> Iterator[str]:
+    """A PostgreSQL database of its own, not migrated."""
     name = f"tilesearch_jobs_{uuid.uuid4().hex[:10]}"
     admin = pg_admin_engine.execution_options(isolation_level="AUTOCOMMIT")
     with admin.connect() as connection:
         connection.execute(text(f'CREATE DATABASE "{name}"'))
-    url = pg_admin_engine.url.set(database=name).render_as_string(hide_password=False)
-    migrate.upgrade(url)
-    yield url
+    yield pg_admin_engine.url.set(database=name).render_as_string(hide_password=False)
     with admin.connect() as connection:
         connection.execute(text(f'DROP DATABASE "{name}" WITH (FORCE)'))
+
+
+@pytest.fixture
+def pg_url(pg_url_empty: str) -> str:
+    migrate.upgrade(pg_url_empty)
+    return pg_url_empty
 
 
 class Processes:
