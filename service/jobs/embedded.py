@@ -29,11 +29,9 @@ class EmbeddedRunner:
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._take = threading.Lock()
+        self._recovered = False
 
     def start(self) -> None:
-        with session_scope(self.runtime.sessions) as session:
-            if requeued := jobs.requeue_running(session):
-                log.info("embedded runner: %d items a previous process left running are queued again", requeued)
         for thread in self._threads:
             thread.start()
 
@@ -51,8 +49,8 @@ class EmbeddedRunner:
         while not self._stopping.is_set():
             try:
                 ran = self._run_next()
-            except Exception:  # the database went away, say: keep the server up, try again later
-                log.exception("embedded runner: an item could not be run")
+            except Exception as exc:  # the database is away or not migrated yet: keep the server up, retry
+                log.warning("embedded runner: no item run: %s: %s", type(exc).__name__, str(exc).splitlines()[0])
                 ran = False
             if not ran:
                 self._wake.wait(1.0)
@@ -61,6 +59,10 @@ class EmbeddedRunner:
     def _run_next(self) -> bool:
         with self._take:
             with session_scope(self.runtime.sessions) as session:
+                if not self._recovered:  # in the thread: the server starts even before `db upgrade`
+                    if requeued := jobs.requeue_running(session):
+                        log.info("embedded runner: %d items a previous process left running are queued again", requeued)
+                    self._recovered = True
                 item_id = jobs.next_queued_item(session)
             run = begin_item(self.runtime, item_id) if item_id is not None else None
         if item_id is None:
