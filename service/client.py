@@ -102,6 +102,22 @@ class TilesearchClient:
     def add_hardware(self, model: HardwareModel) -> HardwareOut:
         return HardwareOut.model_validate(self._ok(self._http.post("/v1/hardware", json=model.model_dump(mode="json"))))
 
+    # Jobs: plain JSON (the bodies are service.api.job_schemas.JobAccepted / JobOut).
+    def submit_job(self, body: dict[str, Any]) -> dict[str, Any]:
+        return self._ok(self._http.post("/v1/jobs", json=body))
+
+    def job(self, job_id: int) -> dict[str, Any]:
+        return self._ok(self._http.get(f"/v1/jobs/{job_id}"))
+
+    def cancel_job(self, job_id: int) -> dict[str, Any]:
+        return self._ok(self._http.post(f"/v1/jobs/{job_id}/cancel"))
+
+    def job_spec(self, job_id: int) -> str:
+        response = self._http.get(f"/v1/jobs/{job_id}/spec")
+        if response.status_code >= 400:
+            self._ok(response)
+        return response.text
+
     def _ok(self, response: httpx.Response) -> Any:
         if response.is_success:
             return response.json()

@@ -44,6 +44,15 @@ class Settings(BaseSettings):
     # In-process caches, bounded by the bytes of what they hold.
     decision_cache_bytes: int = Field(default=64 * 1024 * 1024, ge=0)
     analysis_cache_bytes: int = Field(default=16 * 1024 * 1024, ge=0)
+    # Batch jobs: one item's search may run this long; a worker's claim on an item's decision
+    # lasts `job_lease_s` past its last trial, so a dead worker's item is free again that soon;
+    # a procrastinate worker with no heartbeat for `job_stalled_after_s` has its items re-queued.
+    job_item_timeout_s: float = Field(default=1800.0, gt=0)
+    job_lease_s: float = Field(default=30.0, gt=0)
+    job_heartbeat_s: float = Field(default=5.0, gt=0)
+    job_stalled_after_s: float = Field(default=20.0, gt=0)
+    # SIGTERM: a worker finishes its items for this long, then releases them to the queue.
+    job_shutdown_grace_s: float = Field(default=30.0, ge=0)
 
 
 @lru_cache(maxsize=1)

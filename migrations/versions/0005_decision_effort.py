@@ -4,7 +4,7 @@ the decision) and which module text their texts were realised from.
 Rows from before carry no effort: the next request for them refines once and records it.
 
 Revision ID: 0005_decision_effort
-Revises: 0003_tuning_spec
+Revises: 0004_jobs
 Create Date: 2026-11-25
 
 """
@@ -16,8 +16,7 @@ from alembic import op
 from sqlalchemy.dialects import postgresql
 
 revision: str = "0005_decision_effort"
-# 0004_jobs (batch jobs) is developed on another branch: at the merge this becomes "0004_jobs".
-down_revision: str | Sequence[str] | None = "0003_tuning_spec"
+down_revision: str | Sequence[str] | None = "0004_jobs"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

@@ -18,9 +18,10 @@ from service.api.dashboard.auth import LoginRequired
 from service.api.errors import install_error_handlers
 from service.api.metrics import ApiMetrics
 from service.api.middleware import BodySizeLimit, RequestMetrics
-from service.api.routes import hardware, health, tilings
+from service.api.routes import hardware, health, jobs, tilings
 from service.config import Settings, get_settings
 from service.ir.sandbox import Sandbox
+from service.jobs.wiring import open_jobs
 from service.store.db import make_engine, make_sessionmaker
 from service.tiling.service import TilingService
 
@@ -48,9 +49,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.tiling = TilingService(sessions, sandbox, settings)
         app.state.tiling_limiter = anyio.CapacityLimiter(settings.tiling_threads)
         app.state.probe_limiter = anyio.CapacityLimiter(_PROBE_THREADS)
+        app.state.jobs, close_jobs = open_jobs(sessions, sandbox, app.state.tiling, settings)
         try:
             yield
         finally:
+            close_jobs()
             sandbox.close()
             engine.dispose()
 
@@ -66,7 +69,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.settings = settings
     app.state.metrics = metrics = ApiMetrics()
     install_error_handlers(app)
-    for router in (tilings.router, hardware.router, health.router):
+    for router in (tilings.router, hardware.router, health.router, jobs.router):
         app.include_router(router)
 
     # The dashboard: server-rendered pages at / and its vendored scripts under /static.

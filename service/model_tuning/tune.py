@@ -135,6 +135,24 @@ def _classify(dispatch: Dispatch) -> tuple[_Candidate | None, DispatchReport]:
     return _Candidate(dispatch, graph, root, analysis.fingerprint), report
 
 
+def classify_dispatches(model: Path, workdir: Path) -> tuple[list[Dispatch], list[DispatchReport]]:
+    """IREE's dispatches of `model`: those tilesearch tunes (one static contraction root, as
+    `tune_model` searches them) and a report for each of the others saying why not.
+    Raises ModelInputError when IREE cannot compile the model."""
+    try:
+        sources = executable_sources(model, workdir / "sources.mlir")
+    except ToolFailure as failure:
+        raise ModelInputError(f"IREE cannot compile {model.name}: {failure.line}") from None
+    tunable, left = [], []
+    for dispatch in dispatches_of(sources):
+        candidate, report = _classify(dispatch)
+        if candidate is not None:
+            tunable.append(dispatch)
+        else:
+            left.append(report)
+    return tunable, left
+
+
 def _root_group(candidate: _Candidate) -> dict | None:
     for group in (candidate.plan or {}).get("groups", []):
         if group["anchor"] == candidate.root.uid:

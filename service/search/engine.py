@@ -30,9 +30,12 @@ from .space import DEFAULT_DYNAMIC_EXTENT, GroupSpec, build_space, complete_plan
 from .start import score_warm_starts, start_context
 from .strategies import Strategy, SuperTilingStrategy, check_strategy, make_strategy, supertiling_plan
 
-__all__ = ["BucketResult", "ProgressFn", "TuneResult", "parse_buckets", "parse_shape_hints", "run_search", "tune"]
+__all__ = ["BucketResult", "ProgressFn", "TrialsFn", "TuneResult", "parse_buckets", "parse_shape_hints", "run_search", "tune"]
 
 ProgressFn = Callable[[int, int, float | None], None]  # (evaluations, budget, best latency)
+# Every evaluation as it is recorded, in order (a job item stores its trials as they come, so a
+# worker that dies mid-search loses none; raising from it stops the search).
+TrialsFn = Callable[[list[Evaluation]], None]
 # Candidates per strategy round: a function of how many the group's search has proposed, never
 # of the worker count, so a seed fixes the results. Small rounds while TPE is learning the
 # space (it hears back after each round), then larger ones that keep the workers busy while
@@ -92,11 +95,13 @@ class _Search:
 
     def __init__(self, graph: OpGraph, hardware: HardwareModel, evaluator: PlanEvaluator, *, budget: int,
                  seconds: float | None, strategy: str, seed: int, shape_hints: dict[str, list[int]],
-                 warm_start_plans: list[dict] | None, progress: ProgressFn | None, started: float) -> None:
+                 warm_start_plans: list[dict] | None, progress: ProgressFn | None, started: float,
+                 on_trials: TrialsFn | None = None) -> None:
         self.t_start = started
         self.deadline = self.t_start + seconds if seconds else None
         self.hardware, self.budget, self.seconds = hardware, budget, seconds
         self.strategy, self.seed, self.shape_hints, self.progress = strategy, seed, shape_hints, progress
+        self.on_trials = on_trials
         self.warm_start_plans = warm_start_plans or []
         self.graph = graph
         self.space = build_space(self.graph, hardware, shape_hints)
@@ -122,6 +127,8 @@ class _Search:
             self.trials.append(ev)
             if is_better(self.best, ev):
                 self.best = ev
+        if self.on_trials:
+            self.on_trials(evs)
         if self.progress:
             self.progress(self.evaluator.evaluations, self.budget, self.best.latency_s if self.best else None)
 
@@ -355,7 +362,8 @@ class _Search:
 def run_search(graph: OpGraph, hardware: HardwareModel, evaluator: PlanEvaluator, *, budget: int,
                seconds: float | None = None, strategy: str = "tpe", seed: int = 0,
                shape_hints: dict[str, list[int]] | None = None, warm_start_plans: list[dict] | None = None,
-               progress: ProgressFn | None = None, started: float | None = None) -> TuneResult:
+               progress: ProgressFn | None = None, started: float | None = None,
+               on_trials: TrialsFn | None = None) -> TuneResult:
     """Search the tile-and-fuse plans of `graph` on `hardware`, scoring with `evaluator` (which
     the caller owns and closes). `started`: when the search began (perf_counter), for the time
     limit and elapsed_s; now by default."""
@@ -363,12 +371,12 @@ def run_search(graph: OpGraph, hardware: HardwareModel, evaluator: PlanEvaluator
     started = time.perf_counter() if started is None else started
     return _Search(graph, hardware, evaluator, budget=budget, seconds=seconds, strategy=strategy, seed=seed,
                    shape_hints=shape_hints or {}, warm_start_plans=warm_start_plans, progress=progress,
-                   started=started).run()
+                   started=started, on_trials=on_trials).run()
 
 
 def _search_module(source: str, hardware: HardwareModel, *, budget: int, seconds: float | None, strategy: str,
                    seed: int, shape_hints: dict[str, list[int]], warm_start_plans: list[dict] | None, workers: int,
-                   progress: ProgressFn | None, keep_pool: bool) -> TuneResult:
+                   progress: ProgressFn | None, keep_pool: bool, on_trials: TrialsFn | None = None) -> TuneResult:
     """One search of `source`, evaluated by this search's Evaluator (worker pool)."""
     check_strategy(strategy)  # before the pool starts: a typo costs nothing
     started = time.perf_counter()
@@ -377,7 +385,7 @@ def _search_module(source: str, hardware: HardwareModel, *, budget: int, seconds
     try:
         return run_search(graph, hardware, evaluator, budget=budget, seconds=seconds, strategy=strategy, seed=seed,
                           shape_hints=shape_hints, warm_start_plans=warm_start_plans, progress=progress,
-                          started=started)
+                          started=started, on_trials=on_trials)
     finally:
         evaluator.close()
 
@@ -396,6 +404,7 @@ def tune(
     workers: int = 2,
     progress: ProgressFn | None = None,
     keep_pool: bool = False,
+    on_trials: TrialsFn | None = None,
 ) -> TuneResult:
     """Search tile-and-fuse plans for `source_text` on `hardware`.
 
@@ -403,6 +412,7 @@ def tune(
     workers: evaluation processes (MLIR can crash or hang on a plan: in a worker that costs the
     plan, not the search); 0 evaluates in this process, for callers that are isolated already.
     keep_pool: evaluate in this process's kept pool (started once) instead of a new one.
+    on_trials: called with each batch of evaluations as they are recorded; raising stops the search.
     With buckets, each bucket is searched with its share of the budget and the result carries
     per-bucket plans and a dispatch table (the top-level plan is the largest bucket's).
     """
@@ -412,7 +422,7 @@ def tune(
     analysis = analyze(source_text) if hints or bucket_map else None
     arguments = check_shapes(analysis.module, analysis.graph, hints, bucket_map) if analysis else []
     common = dict(strategy=strategy, seed=seed, warm_start_plans=warm_start_plans, workers=workers, progress=progress,
-                  keep_pool=keep_pool)
+                  keep_pool=keep_pool, on_trials=on_trials)
     if analysis is None or not bucket_map:
         return _search_module(source_text, hardware, budget=budget, seconds=seconds, shape_hints=hints, **common)
     (name, values), = bucket_map.items()

@@ -467,6 +467,20 @@ def claim_or_wait(
         wait_for_decision(sessions, claim.decision.key, remaining, effort=effort)
 
 
+def renew_lease(session: Session, decision_id: int, owner: str, lease_s: float, *, now: datetime | None = None) -> bool:
+    """Extend the lease of a pending decision its owner still holds. Commits. False: the lease
+    was lost (taken over after it expired) or the decision is no longer pending."""
+    now = now or utcnow()
+    renewed = session.execute(
+        update(_DECISIONS)
+        .where(*_held_by(decision_id, owner))
+        .values(lease_expires_at=now + timedelta(seconds=lease_s))
+        .returning(_DECISIONS.c.id)
+    ).scalar_one_or_none()
+    session.commit()
+    return renewed is not None
+
+
 def _held_by(decision_id: int, owner: str) -> tuple[Any, ...]:
     """The caller's lease: on a pending row, or a refinement lease on a done row."""
     return (

@@ -225,3 +225,72 @@ class Measurement(Base):
     error: Mapped[str | None] = mapped_column(Text, default=None)
     iree_version: Mapped[str | None] = mapped_column(String(100), default=None)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class ItemState(enum.StrEnum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    DONE = "done"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+class Job(Base):
+    """A batch of tiling searches (a model's dispatches or a list of modules) run by workers.
+
+    Its state is not stored: it follows from its items' states (service.store.jobs.job_state),
+    so no worker has to update a shared row as items finish.
+    """
+
+    __tablename__ = "jobs"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    kind: Mapped[str] = mapped_column(String(16))  # "items" or "model"
+    # A profile name, or an inline hardware model as JSON.
+    hardware: Mapped[Any] = mapped_column(JSONType)
+    # budget, seconds, strategy, seed, measure_top, reuse: what every item's search gets.
+    options: Mapped[dict[str, Any]] = mapped_column(JSONType, default=dict)
+    queue: Mapped[str] = mapped_column(String(100))
+    # For a model: the dispatches left to IREE, with why (reported beside the spec).
+    notes: Mapped[Any | None] = mapped_column(JSONType, default=None)
+    cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)
+
+
+class JobItem(Base):
+    """One search of a job: a module, its shape hints, and where its run stands."""
+
+    __tablename__ = "job_items"
+    __table_args__ = (
+        CheckConstraint("state IN ('queued', 'running', 'done', 'failed', 'cancelled')", name="state"),
+        UniqueConstraint("job_id", "position"),
+        Index("ix_job_items_state_id", "state", "id"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    position: Mapped[int] = mapped_column(Integer)
+    name: Mapped[str] = mapped_column(String(200))
+    module: Mapped[str] = mapped_column(Text)
+    shape_hints: Mapped[dict[str, Any] | None] = mapped_column(JSONType, default=None)
+    weight: Mapped[int] = mapped_column(Integer, default=1)  # times one run of the model dispatches it
+    state: Mapped[ItemState] = mapped_column(
+        Enum(ItemState, native_enum=False, create_constraint=False, length=16,
+             values_callable=lambda members: [member.value for member in members]),
+        default=ItemState.QUEUED,
+    )
+    # Who runs it now (one run of one worker); trials and results from any other run are refused.
+    run_owner: Mapped[str | None] = mapped_column(String(200), default=None)
+    # Asked of the running search: "cancel" (the job was cancelled) or "release" (the worker stops).
+    stop: Mapped[str | None] = mapped_column(String(16), default=None)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    queue_job_id: Mapped[int | None] = mapped_column(Integer, default=None)  # procrastinate's job
+    decision_id: Mapped[int | None] = mapped_column(ForeignKey("decisions.id", ondelete="SET NULL"), default=None)
+    trials: Mapped[int] = mapped_column(Integer, default=0)  # trials stored so far, by every run
+    cache: Mapped[str | None] = mapped_column(String(16), default=None)  # hit, warm or miss
+    error: Mapped[str | None] = mapped_column(Text, default=None)
+    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime, default=None)
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime, default=None)
+    heartbeat_at: Mapped[datetime | None] = mapped_column(UTCDateTime, default=None)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)

@@ -71,6 +71,29 @@ def save_trials(session: Session, decision_id: int, trials: Sequence[TrialRecord
     return len(rows)
 
 
+@dataclass(frozen=True, slots=True)
+class KeptTrials:
+    """What an earlier, unfinished run of a decision's search left: how many trials, the number
+    the next one takes, and the plan of the best (feasible first, then fastest)."""
+
+    count: int
+    next_number: int
+    best_plan: JSONValue | None
+
+
+def kept_trials(session: Session, decision_id: int) -> KeptTrials:
+    count, last = session.execute(
+        select(func.count(Trial.id), func.max(Trial.number)).where(Trial.decision_id == decision_id)
+    ).one()
+    best = session.scalars(
+        select(Trial.plan)
+        .where(Trial.decision_id == decision_id, Trial.latency_s.is_not(None))
+        .order_by(Trial.feasible.desc(), Trial.latency_s, Trial.number)
+        .limit(1)
+    ).first()
+    return KeptTrials(count=int(count or 0), next_number=0 if last is None else int(last) + 1, best_plan=best)
+
+
 def list_trials(
     session: Session,
     decision_id: int,

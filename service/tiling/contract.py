@@ -8,7 +8,7 @@ same exception type with the same fields.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
@@ -98,6 +98,10 @@ class SearchTask(_Contract):
     warm_starts: list[WarmStart] = Field(default_factory=list)
     # Whole plans of this very module to start from (a refinement starts from the stored plan).
     warm_plans: list[Plan] = Field(default_factory=list)
+    # A search that resumes a decision someone else left half done (a job item whose worker
+    # died): its trials are numbered after the kept ones, and it starts from their best plan.
+    trial_offset: int = Field(default=0, ge=0)
+    resume_plan: Plan | None = None
 
 
 class AnchorCompilationInfo(_Contract):
@@ -164,3 +168,24 @@ class SearchOutcome(_Contract):
     trials: list[TrialOutcome]
     group_bests: list[GroupBest]
     stats: SearchStats
+
+
+# --------------------------------------------------------------------------- long searches
+
+
+class SearchStopped(Exception):
+    """A search stopped on purpose by its observer (a cancelled or released job item)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+    def __reduce__(self):  # crosses the process boundary with its reason
+        return (SearchStopped, (self.reason,))
+
+
+class SearchObserver(Protocol):
+    """Sees a search's trials as they are found, in the sandbox process (it must pickle).
+    Raising SearchStopped from `trials` stops the search; nothing is realised nor returned."""
+
+    def trials(self, trials: list[TrialOutcome]) -> None: ...

@@ -43,7 +43,7 @@ from service.store.db import session_scope
 from service.store.models import Decision, DecisionStatus
 
 from .capacity import ByteBoundedCache, LeaseHeartbeat, WorkQueue
-from .contract import ModuleAnalysis, Realisation, SearchOutcome, SearchTask, WarmStart
+from .contract import ModuleAnalysis, Realisation, SearchObserver, SearchOutcome, SearchStopped, SearchTask, WarmStart
 from .errors import PoolSaturated, TilingFailed
 from .hardware import HardwareCatalog
 from .request import TilingRequest
@@ -57,6 +57,21 @@ T = TypeVar("T")
 __all__ = ["CacheState", "TilingOutcome", "TilingRequest", "TilingService"]
 
 
+@dataclass(frozen=True)
+class LongSearch:
+    """How a search that outlives a request runs (a job item): its own time limit, a lease its
+    observer keeps renewing (so a dead worker's claim expires within `lease_s`), and an observer
+    made for the claimed decision that sees the trials as they come and may stop the search.
+    A decision left half done by someone else resumes: its kept trials stay, the new ones are
+    numbered after them, the search starts from their best plan and spends what is left of the
+    budget."""
+
+    owner: str
+    limit_s: float
+    lease_s: float
+    observer: Callable[[int], SearchObserver]  # decision id -> the observer for its search
+
+
 @dataclass
 class TilingOutcome:
     decision: Decision
@@ -67,8 +82,9 @@ class TilingOutcome:
     realisation: Realisation | None = None
 
 
-# What a request can get wrong; any other exception out of a worker is a bug of ours.
-_CALLER_ERRORS = (IRError, SearchInputError, UnknownHardwareError, PoolSaturated)
+# What a request can get wrong (and a search stopped on purpose); any other exception out of a
+# worker is a bug of ours.
+_CALLER_ERRORS = (IRError, SearchInputError, UnknownHardwareError, PoolSaturated, SearchStopped)
 
 
 def _shape_bucket(request: TilingRequest) -> str:
@@ -116,7 +132,7 @@ class TilingService:
         self._realised: ByteBoundedCache[tuple[str, str, str], Realisation] = ByteBoundedCache(
             max(1, settings.decision_cache_bytes // 4), lambda r: len(r.model_dump_json()))
 
-    def decide(self, request: TilingRequest) -> TilingOutcome:
+    def decide(self, request: TilingRequest, long: LongSearch | None = None) -> TilingOutcome:
         """The decision for `request`: stored (hit), refined, or searched now (warm / miss).
 
         Raises the caller's errors as they are (IRError with diagnostics, SearchInputError,
@@ -124,7 +140,7 @@ class TilingService:
         worker, and anything raised in this process (e.g. by the database) unchanged.
         """
         try:
-            return self._decide(request)
+            return self._decide(request, long)
         except _CALLER_ERRORS:
             raise
         except Exception as exc:
@@ -133,7 +149,7 @@ class TilingService:
             log.error("tiling task failed in a worker: %s: %s\n%s", type(exc).__name__, exc, exc.__cause__)
             raise TilingFailed(type(exc).__name__, str(exc)) from exc
 
-    def _decide(self, request: TilingRequest) -> TilingOutcome:
+    def _decide(self, request: TilingRequest, long: LongSearch | None) -> TilingOutcome:
         timings: dict[str, float] = {}
         t0 = time.perf_counter()
         check_text(request.module)  # before any worker: a lone surrogate, NUL, deep nesting
@@ -157,13 +173,16 @@ class TilingService:
             # A fresh search is asked for: key it apart so it never serves nor replaces the cache.
             parts = decisions.DecisionKeyParts(**{**parts.as_dict(), "objective": f"{request.objective}+fresh:{uuid.uuid4().hex}"})
         key = decisions.decision_key(parts)
-        seconds = min(request.seconds or limit * 0.8, limit * 0.8)
+        search_limit = long.limit_s if long else limit
+        seconds = min(request.seconds or search_limit * 0.8, search_limit * 0.8)
         effort = decisions.Effort(request.strategy, request.budget, seconds)
         done = self._done.get(key)
         if done is not None and decisions.effort_covers(done.effort, effort):
             return self._hit(done, request, text_key, hardware, timings, t0)
-        claim = decisions.claim_or_wait(self.sessions, parts, self.owner, lease_s=self.settings.lease_s,
-                                        timeout_s=limit + self.settings.queue_wait_s, effort=effort)
+        owner = long.owner if long else self.owner
+        lease_s = long.lease_s if long else self.settings.lease_s
+        claim = decisions.claim_or_wait(self.sessions, parts, owner, lease_s=lease_s,
+                                        timeout_s=max(search_limit, limit) + self.settings.queue_wait_s, effort=effort)
         if claim.outcome is decisions.ClaimOutcome.HIT:
             if request.reuse:
                 self._done.put(key, claim.decision)
@@ -173,12 +192,17 @@ class TilingService:
 
         refining = claim.outcome is decisions.ClaimOutcome.REFINE
         stored = claim.decision
-        with LeaseHeartbeat(self.sessions, stored.id, self.owner, self.settings.lease_s):
+        with LeaseHeartbeat(self.sessions, stored.id, owner, lease_s):
             try:
                 warm = self._warm_starts(analysis, hardware) if request.reuse else []
+                # Trials follow those the decision keeps: a refinement's, or those of a job item
+                # whose worker died (it resumes from their best plan with what is left of the budget).
+                with session_scope(self.sessions) as session:
+                    kept = searches.kept_trials(session, stored.id) if refining or long else None
+                resuming = kept is not None and not refining and kept.count > 0
                 task = SearchTask(
                     hardware=hardware,
-                    budget=request.budget,
+                    budget=max(1, request.budget - kept.count) if resuming else request.budget,
                     seconds=seconds,
                     strategy=request.strategy,
                     seed=request.seed,
@@ -186,18 +210,21 @@ class TilingService:
                     buckets=request.buckets,
                     warm_starts=warm,
                     warm_plans=[Plan.model_validate(stored.plan)] if refining and stored.plan else [],
+                    trial_offset=kept.next_number if kept else 0,
+                    resume_plan=Plan.model_validate(kept.best_plan) if resuming and kept.best_plan else None,
                 )
                 t1 = time.perf_counter()
-                outcome = self._run(search_and_realise, request.module, task, timeout=limit)
+                observer = long.observer(stored.id) if long else None
+                outcome = self._run(search_and_realise, request.module, task, observer, timeout=search_limit)
                 timings["search_s"] = time.perf_counter() - t1
             except BaseException as exc:
                 with session_scope(self.sessions) as session:
-                    decisions.fail_decision(session, stored.id, self.owner, f"{type(exc).__name__}: {exc}")
+                    decisions.fail_decision(session, stored.id, owner, f"{type(exc).__name__}: {exc}")
                 raise
             cache: CacheState = "refined" if refining else "warm" if warm else "miss"
             timings["total_s"] = time.perf_counter() - t0
             decision = self._store(request, analysis, hardware, stored, outcome, cache, warm, timings, key,
-                                   text_key, effort)
+                                   text_key, effort, owner)
         return self._answer(decision, cache, request, text_key, hardware, timings)
 
     def _hit(self, decision: Decision, request: TilingRequest, text_key: str, hardware: HardwareModel,
@@ -224,7 +251,7 @@ class TilingService:
 
     def _store(self, request: TilingRequest, analysis: ModuleAnalysis, hardware: HardwareModel, claimed: Decision,
                outcome: SearchOutcome, cache: CacheState, warm: list[WarmStart], timings: dict[str, float],
-               key: str, text_key: str, effort: decisions.Effort) -> Decision:
+               key: str, text_key: str, effort: decisions.Effort, owner: str) -> Decision:
         """Complete the claimed decision with the search's outcome (a refinement: only if it is
         better than the stored plan), record the effort, store trials and group records."""
         realised = outcome.realised
@@ -249,14 +276,13 @@ class TilingService:
             catalog.upsert_module(session, analysis.fingerprint, request.module,
                                   {"ops": [op.model_dump() for op in analysis.ops]})
             catalog.upsert_hardware(session, hardware.content_hash(), hardware.name, hardware.model_dump(mode="json"))
-            first_trial = searches.next_trial_number(session, claimed.id) if refining else 0
-            decision = decisions.complete_decision(session, claimed.id, self.owner, result, effort=new_effort)
+            decision = decisions.complete_decision(session, claimed.id, owner, result, effort=new_effort)
             if decision is None:  # lease lost to another owner: serve theirs
                 decision = decisions.get_decision(session, claimed.id)
             if decision is not None and decision.status == DecisionStatus.DONE and request.reuse:
                 self._done.put(key, decision)
             searches.save_trials(session, claimed.id, [
-                searches.TrialRecord(**(t.model_dump() | {"number": first_trial + t.number})) for t in outcome.trials])
+                searches.TrialRecord(**t.model_dump()) for t in outcome.trials])
             for best in outcome.group_bests:
                 searches.record_group_best(session, signature=best.signature, hardware_hash=hardware.content_hash(),
                                            plan=best.plan.model_dump(mode="json"), latency_s=best.latency_s,

@@ -12,6 +12,7 @@ from service.ir.tasks import apply_plan_to_text
 from service.measure.lowering import CONFIGURABLE_KINDS, compilation_info_text, lowering_config_from_levels
 from service.measure.tools import host_translation_info
 from service.measure.tuning_spec import spec_for_plan
+from service.search.candidate import Evaluation
 from service.search.engine import tune
 from service.search.results import TuneResult
 from service.search.shapes import check_shapes, parse_buckets, parse_shape_hints
@@ -24,6 +25,7 @@ from .contract import (
     ModuleAnalysis,
     OpSummary,
     Realisation,
+    SearchObserver,
     SearchOutcome,
     SearchStats,
     SearchTask,
@@ -79,20 +81,25 @@ def _translation_info_for(hardware: HardwareModel) -> str | None:
     return host_translation_info()
 
 
-def _trials(result: TuneResult) -> list[TrialOutcome]:
-    return [
-        TrialOutcome(
-            number=i,
-            plan=t.plan,
-            plan_hash=t.plan_hash or "",
-            feasible=t.feasible,
-            cost=t.cost,
-            latency_s=t.latency_s,
-            reason=t.reason,
-        )
-        for i, t in enumerate(result.trials)
-        if t.plan is not None
-    ]
+def _trial(number: int, t: Evaluation) -> TrialOutcome:
+    return TrialOutcome(number=number, plan=t.plan, plan_hash=t.plan_hash or "", feasible=t.feasible, cost=t.cost,
+                        latency_s=t.latency_s, reason=t.reason)
+
+
+def _trials(result: TuneResult, offset: int = 0) -> list[TrialOutcome]:
+    return [_trial(offset + i, t) for i, t in enumerate(result.trials) if t.plan is not None]
+
+
+class _TrialStream:
+    """The engine's evaluations, numbered as `_trials` numbers them, handed to an observer."""
+
+    def __init__(self, observer: SearchObserver, offset: int) -> None:
+        self.observer, self.seen = observer, offset
+
+    def __call__(self, evaluations: list[Evaluation]) -> None:
+        batch = [_trial(self.seen + i, t) for i, t in enumerate(evaluations) if t.plan is not None]
+        self.seen += len(evaluations)
+        self.observer.trials(batch)
 
 
 def _group_bests(graph: OpGraph, plan: Plan, result: TuneResult) -> list[GroupBest]:
@@ -120,11 +127,14 @@ def _stats(result: TuneResult) -> SearchStats:
     )
 
 
-def search_and_realise(source: str, task: SearchTask) -> SearchOutcome:
+def search_and_realise(source: str, task: SearchTask, observer: SearchObserver | None = None) -> SearchOutcome:
     """Search (in this worker, one process), then realise the best plan: tiled IR, script,
-    origin map, IREE compilation_info, trials and group records for the store."""
+    origin map, IREE compilation_info, trials and group records for the store. `observer` sees
+    the trials as they are found and may stop the search (SearchStopped)."""
     graph = cached_analysis(source).graph
     warm = [plan.model_dump() for plan in task.warm_plans] + warm_start_plans(graph, task.warm_starts)
+    if task.resume_plan is not None and task.resume_plan.groups:
+        warm = [task.resume_plan.model_dump(), *warm]
     # Plans are evaluated in a worker this job process keeps (pebble's workers may start
     # processes): a plan that crashes MLIR costs that plan, as in the CLI, not the request.
     result = tune(
@@ -139,6 +149,7 @@ def search_and_realise(source: str, task: SearchTask) -> SearchOutcome:
         workers=1,
         keep_pool=True,
         warm_start_plans=warm or None,
+        on_trials=_TrialStream(observer, task.trial_offset) if observer is not None else None,
     )
     plan = Plan.model_validate(result.plan)
     translation_info = _translation_info_for(hardware=task.hardware)
@@ -149,7 +160,7 @@ def search_and_realise(source: str, task: SearchTask) -> SearchOutcome:
         realised=apply_plan_to_text(source, plan) if plan.groups else None,
         compilation_info=compilation_infos(graph, plan, translation_info),
         tuning_spec=spec_for_plan(graph, plan, translation_info),
-        trials=_trials(result),
+        trials=_trials(result, task.trial_offset),
         group_bests=_group_bests(graph, plan, result),
         stats=_stats(result),
     )

@@ -1,0 +1,135 @@
+"""Jobs against `tilesearch tune` one item after another, at the same budget, on this machine.
+
+    python benchmarks/jobs.py                 # 12 items, budget 64 each
+    python benchmarks/jobs.py --items 20 --budget 128
+
+Needs PostgreSQL (TILESEARCH_TEST_PG_URL, default the test server): each job run gets a
+database of its own, an API process and 1 or 2 `tilesearch worker` processes (concurrency 1:
+one evaluation process each). Items are distinct matmuls; jobs use reuse=false, so every item
+searches. Prints items per minute for: `tilesearch tune --workers 1` run per item (process start
+included, as a build would run it), a job on one worker, a job on two workers; and the time from
+submit to the first finished item.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import httpx
+from sqlalchemy import create_engine, text
+
+ROOT = Path(__file__).resolve().parents[1]
+TILESEARCH = str(Path(sys.executable).with_name("tilesearch"))
+PG = os.environ.get("TILESEARCH_TEST_PG_URL", "postgresql+psycopg://postgres:postgres@127.0.0.1:5432/tilesearch_test")
+
+
+def matmul(m: int, n: int, k: int) -> str:
+    return f"""func.func @mm(%a: tensor<{m}x{k}xf32>, %b: tensor<{k}x{n}xf32>, %c: tensor<{m}x{n}xf32>) -> tensor<{m}x{n}xf32> {{
+  %0 = linalg.matmul ins(%a, %b : tensor<{m}x{k}xf32>, tensor<{k}x{n}xf32>) outs(%c : tensor<{m}x{n}xf32>) -> tensor<{m}x{n}xf32>
+  return %0 : tensor<{m}x{n}xf32>
+}}"""
+
+
+def modules(n: int) -> list[str]:
+    return [matmul(64 + 16 * i, 128 + 32 * (i % 3), 96 + 16 * (i % 4)) for i in range(n)]
+
+
+def env(url: str) -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(ROOT), "DATABASE_URL": url}
+
+
+def sequential_tune(items: list[str], budget: int, tmp: Path) -> float:
+    t0 = time.perf_counter()
+    for i, module in enumerate(items):
+        path = tmp / f"item{i}.mlir"
+        path.write_text(module)
+        subprocess.run([TILESEARCH, "tune", str(path), "--hardware", "host-cpu", "--budget", str(budget),
+                        "--workers", "1", "--json"], env=env(PG), check=True, capture_output=True)
+    return time.perf_counter() - t0
+
+
+def job_run(items: list[str], budget: int, workers: int, tmp: Path, port: int) -> tuple[float, float]:
+    """(seconds from submit to the last item, seconds to the first finished item)."""
+    admin = create_engine(PG, isolation_level="AUTOCOMMIT")
+    name = f"tilesearch_bench_{uuid.uuid4().hex[:8]}"
+    with admin.connect() as c:
+        c.execute(text(f'CREATE DATABASE "{name}"'))
+    url = admin.url.set(database=name).render_as_string(hide_password=False)
+    procs = []
+    try:
+        subprocess.run([TILESEARCH, "db", "upgrade"], env=env(url), check=True, capture_output=True)
+        start = lambda *a: procs.append(subprocess.Popen([TILESEARCH, *a], env=env(url), cwd=tmp,  # noqa: E731
+                                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                                         start_new_session=True))
+        start("serve", "--port", str(port))
+        for _ in range(workers):
+            start("worker", "--concurrency", "1")
+        base = f"http://127.0.0.1:{port}"
+        for _ in range(120):
+            try:
+                httpx.get(f"{base}/healthz", timeout=1)
+                break
+            except httpx.HTTPError:
+                time.sleep(0.5)
+        time.sleep(3)  # the workers' start (imports, sandbox): not part of a job's throughput
+        body = {"items": [{"name": f"item{i}", "module": m} for i, m in enumerate(items)], "hardware": "host-cpu",
+                "budget": budget, "reuse": False}
+        t0 = time.perf_counter()
+        job_id = httpx.post(f"{base}/v1/jobs", json=body, timeout=60).json()["id"]
+        first = None
+        while True:
+            job = httpx.get(f"{base}/v1/jobs/{job_id}", timeout=30).json()
+            if first is None and job["items"]["done"]:
+                first = time.perf_counter() - t0
+            if job["state"] in ("succeeded", "failed", "cancelled"):
+                assert job["state"] == "succeeded", job
+                return time.perf_counter() - t0, first or 0.0
+            time.sleep(0.1)
+    finally:
+        for p in procs:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+        with admin.connect() as c:
+            c.execute(text(f'DROP DATABASE "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+def cpu_model() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--items", type=int, default=12)
+    parser.add_argument("--budget", type=int, default=64)
+    args = parser.parse_args()
+    items = modules(args.items)
+    print(f"machine: {cpu_model()}, {os.cpu_count()} cpus; load before: {os.getloadavg()[0]:.2f}")
+    with tempfile.TemporaryDirectory(prefix="tilesearch-bench-jobs-") as tmp:
+        seq = sequential_tune(items, args.budget, Path(tmp))
+        one, first1 = job_run(items, args.budget, 1, Path(tmp), 8801)
+        two, first2 = job_run(items, args.budget, 2, Path(tmp), 8802)
+    rate = lambda s: args.items / s * 60  # noqa: E731
+    print(f"{args.items} items, budget {args.budget} each; load after: {os.getloadavg()[0]:.2f}\n")
+    print("| path | seconds | items/min | vs tune | first item done (s) |")
+    print("| --- | ---: | ---: | ---: | ---: |")
+    print(f"| `tilesearch tune --workers 1`, one after another | {seq:.1f} | {rate(seq):.1f} | 1.00 | - |")
+    print(f"| job, 1 worker | {one:.1f} | {rate(one):.1f} | {seq / one:.2f} | {first1:.2f} |")
+    print(f"| job, 2 workers | {two:.1f} | {rate(two):.1f} | {seq / two:.2f} | {first2:.2f} |")
+    print(f"\n2 workers / 1 worker: {one / two:.2f}x")
+
+
+if __name__ == "__main__":
+    main()

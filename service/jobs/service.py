@@ -1,0 +1,113 @@
+"""The jobs use case as the API and the CLI call it: submit, read, cancel, retry, merged spec.
+Where items run is the dispatcher's business: procrastinate (PostgreSQL) or the embedded runner."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from service.hardware.model import HardwareModel
+from service.store import decisions, jobs
+from service.store.db import session_scope
+from service.store.models import ItemState, Job
+
+from .contract import JobRequest
+from .queue import SEARCH_QUEUE, measure_queue
+from .run import JobRuntime
+from .tasks import merged_spec, model_items
+
+
+class JobNotFound(LookupError):
+    def __init__(self, job_id: int) -> None:
+        super().__init__(f"no job {job_id}")
+
+
+class NoSpecYet(Exception):
+    """No finished item configures a contraction (yet): nothing to merge."""
+
+
+class Dispatcher(Protocol):
+    def enqueue(self, items: list[tuple[int, str]]) -> None: ...
+
+    def abort(self, queue_job_ids: list[int]) -> None: ...
+
+
+@dataclass
+class JobService:
+    runtime: JobRuntime
+    dispatcher: Dispatcher
+
+    def submit(self, request: JobRequest) -> jobs.JobSummary:
+        rt = self.runtime
+        hardware = rt.tiling.hardware.resolve(request.hardware)  # an unknown name is the caller's 404
+        notes = None
+        if request.model is not None:
+            found = rt.sandbox.run(model_items, request.model, timeout=rt.settings.request_timeout_s * 5)
+            new_items = [jobs.NewItem(d.name, d.module, None, d.weight) for d in found.tunable]
+            notes = {"left_to_iree": found.left_to_iree}
+            if not new_items:
+                raise ValueError("the model has no dispatch tilesearch tunes (a single static contraction root): "
+                                 + "; ".join(f"{d['name']}: {d['reason']}" for d in found.left_to_iree[:5]))
+        else:
+            new_items = [jobs.NewItem(i.name, i.module, i.shape_hints) for i in request.items or []]
+        queue = measure_queue(hardware.content_hash()) if request.measure_top else SEARCH_QUEUE
+        hardware_json = request.hardware if isinstance(request.hardware, str) else hardware.model_dump(mode="json")
+        options = request.model_dump(include={"budget", "seconds", "strategy", "seed", "measure_top", "reuse"})
+        with session_scope(rt.sessions) as session:
+            job = jobs.create_job(session, kind="model" if request.model is not None else "items",
+                                  hardware=hardware_json, options=options, queue=queue, items=new_items, notes=notes)
+            session.commit()
+            ids = jobs.item_ids(session, job.id)
+            summary = jobs.summarise(session, job)
+        self.dispatcher.enqueue([(i, queue) for i in ids])
+        return summary
+
+    def summary(self, job_id: int) -> jobs.JobSummary:
+        with session_scope(self.runtime.sessions) as session:
+            return jobs.summarise(session, self._job(session, job_id))
+
+    def cancel(self, job_id: int) -> jobs.JobSummary:
+        with session_scope(self.runtime.sessions) as session:
+            self._job(session, job_id)
+            queue_jobs = jobs.request_cancel(session, job_id)
+        self.dispatcher.abort(queue_jobs)
+        return self.summary(job_id)
+
+    def retry(self, job_id: int) -> jobs.JobSummary:
+        with session_scope(self.runtime.sessions) as session:
+            job = self._job(session, job_id)
+            ids = jobs.requeue_failed(session, job_id)
+        self.dispatcher.enqueue([(i, job.queue) for i in ids])
+        return self.summary(job_id)
+
+    def spec(self, job_id: int) -> str:
+        """The job's merged tuning spec over its done items (heaviest first). NoSpecYet when no
+        done item configures a contraction."""
+        rt = self.runtime
+        with session_scope(rt.sessions) as session:
+            job = self._job(session, job_id)
+            done = jobs.done_items(session, job_id)
+            plans = []
+            for item in sorted(done, key=lambda i: -i.weight):
+                decision = decisions.get_decision(session, item.decision_id) if item.decision_id else None
+                if decision is not None and decision.plan:
+                    plans.append((item.module, decision.plan))
+        host_cpu = _hardware_name(job) == "host-cpu"
+        spec = rt.sandbox.run(merged_spec, plans, host_cpu, timeout=rt.settings.request_timeout_s) if plans else None
+        if spec is None:
+            raise NoSpecYet(f"job {job_id}: none of its {len(done)} done items configures a contraction"
+                            + ("" if done else " (none is done yet)"))
+        return spec
+
+    def _job(self, session, job_id: int) -> Job:
+        job = jobs.get_job(session, job_id) if 0 < job_id < 2**31 else None
+        if job is None:
+            raise JobNotFound(job_id)
+        return job
+
+
+def _hardware_name(job: Job) -> str:
+    return job.hardware if isinstance(job.hardware, str) else HardwareModel.model_validate(job.hardware).name
+
+
+__all__ = ["Dispatcher", "ItemState", "JobNotFound", "JobService", "NoSpecYet"]

@@ -1,0 +1,82 @@
+"""The embedded default: `tilesearch serve` on SQLite runs a job with no other process."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+from pathlib import Path
+
+import httpx
+import pytest
+
+from test_jobs_workers import TILESEARCH, Processes, matmul, slow_module, wait_for
+
+pytestmark = pytest.mark.slow
+TOKEN = "s3cret"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+def test_embedded_server_completes_a_job_end_to_end(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'tilesearch.db'}"
+    procs = Processes(url, tmp_path)
+    try:
+        subprocess.run([*TILESEARCH, "db", "upgrade"], env=procs.env(), check=True, capture_output=True, timeout=120)
+        procs.start("serve", "--port", "8795", TILESEARCH_API_TOKEN=TOKEN)
+        wait_for(lambda: _up(8795), 60, "the server")
+        base = "http://127.0.0.1:8795"
+        items = [{"name": f"mm{i}", "module": matmul(16 + 8 * i, 32, 24)} for i in range(3)]
+        items.append({"name": "broken", "module": "func.func @x( {"})
+        body = {"items": items, "hardware": "host-cpu", "budget": 10}
+        assert httpx.post(f"{base}/v1/jobs", json=body).status_code == 401  # writes need the token
+        accepted = httpx.post(f"{base}/v1/jobs", json=body, headers=AUTH)
+        assert accepted.status_code == 202 and accepted.json()["state"] == "queued"
+        job_id = accepted.json()["id"]
+        assert httpx.get(f"{base}/v1/jobs/{job_id}").status_code == 401  # so do reads: they carry the modules
+        done = wait_for(lambda: _finished(base, job_id), 120, "the job to finish")
+        assert done["state"] == "failed"
+        assert done["items"] == {"total": 4, "queued": 0, "running": 0, "done": 3, "failed": 1, "cancelled": 0}
+        broken = next(i for i in done["items_detail"] if i["name"] == "broken")
+        assert "does not parse" in broken["error"]
+        spec = httpx.get(f"{base}/v1/jobs/{job_id}/spec", headers=AUTH)
+        assert spec.status_code == 200 and spec.text.count("transform.iree.match.contraction") == 3
+        hit = httpx.post(f"{base}/v1/tilings", headers=AUTH, timeout=60,
+                         json={"module": items[1]["module"], "hardware": "host-cpu", "budget": 10}).json()
+        assert hit["cache"] == "hit"
+        assert httpx.get(f"{base}/v1/jobs/999", headers=AUTH).status_code == 404
+        bad = httpx.post(f"{base}/v1/jobs", headers=AUTH, json={"hardware": "host-cpu"})
+        assert bad.status_code == 422 and "exactly one" in bad.text
+    finally:
+        procs.stop_all()
+
+
+def test_embedded_server_restarted_mid_item_requeues_it(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'tilesearch.db'}"
+    procs = Processes(url, tmp_path)
+    try:
+        subprocess.run([*TILESEARCH, "db", "upgrade"], env=procs.env(), check=True, capture_output=True, timeout=120)
+        server = procs.start("serve", "--port", "8796")
+        wait_for(lambda: _up(8796), 60, "the server")
+        base = "http://127.0.0.1:8796"
+        job_id = httpx.post(f"{base}/v1/jobs", json={"items": [{"name": "slow", "module": slow_module()}],
+                                                    "hardware": "host-cpu", "budget": 300, "seconds": 30}).json()["id"]
+        wait_for(lambda: httpx.get(f"{base}/v1/jobs/{job_id}").json()["trials"] > 0, 60, "trials")
+        server.send_signal(signal.SIGKILL)
+        server.wait()
+        procs.start("serve", "--port", "8797")
+        wait_for(lambda: _up(8797), 60, "the restarted server")
+        done = wait_for(lambda: _finished("http://127.0.0.1:8797", job_id), 120, "the job to finish")
+        assert done["state"] == "succeeded" and done["items_detail"][0]["attempts"] == 2
+    finally:
+        procs.stop_all()
+
+
+def _up(port: int) -> bool:
+    try:
+        return httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def _finished(base: str, job_id: int) -> dict | None:
+    body = httpx.get(f"{base}/v1/jobs/{job_id}", headers=AUTH, timeout=30).json()
+    return body if body["state"] in ("succeeded", "failed", "cancelled") else None
