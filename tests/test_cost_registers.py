@@ -215,3 +215,26 @@ def test_register_tile_rows_that_share_an_l1_set_are_slower() -> None:
     # Without the cache's associativity there is nothing to conflict on.
     unknown = hw.model_copy(update={"memory_levels": [*hw.memory_levels[:-1], hw.memory_levels[-1].model_copy(update={"associativity": None})]})
     assert per_k(1024, [16, 16], unknown) < 1.2 * per_k(1024, [8, 32], unknown)
+
+
+def test_a_register_row_that_is_not_whole_vectors_computes_only_its_lanes() -> None:
+    """A 12-wide row takes one 16-lane FMA per step for 12 elements: 4x12 tiles do the work of
+    4x16 at 12/16 of the rate, so the same matmul under them is predicted 16/12 slower than
+    under 4x16 (both fit the registers; the same pipeline, load and set terms)."""
+    hw = avx512_host()
+    module = """
+func.func @mm(%a: tensor<64x256xf32>, %b: tensor<256x768xf32>) -> tensor<64x768xf32> {
+  %z = arith.constant 0.0 : f32
+  %e = tensor.empty() : tensor<64x768xf32>
+  %f = linalg.fill ins(%z : f32) outs(%e : tensor<64x768xf32>) -> tensor<64x768xf32>
+  %r = linalg.matmul ins(%a, %b : tensor<64x256xf32>, tensor<256x768xf32>) outs(%f : tensor<64x768xf32>) -> tensor<64x768xf32>
+  return %r : tensor<64x768xf32>
+}"""
+    with context():
+        tagged = tag_tileable_ops(parse_module(module))
+
+    def compute_s(vec: list[int]) -> float:
+        cost = estimate_cost(apply_plan(tagged, matmul_plan([64, 96], vec, 4)).module, hw)
+        return cost.nests[0].compute_s
+
+    assert compute_s([4, 12]) == pytest.approx(compute_s([4, 16]) * 16 / 12, rel=0.02)
