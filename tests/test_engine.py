@@ -13,7 +13,7 @@ from service.ir.analysis import analyze
 from service.search.engine import tune
 from service.search.knobs import group_of
 
-from _shared import RESNET_BLOCK
+from _shared import MATMUL_THEN_ROW_SUM, RESNET_BLOCK
 from _shared import workload as source
 from test_ir_extract import _TWO_FUNCTIONS
 
@@ -132,22 +132,7 @@ func.func @zero(%x: tensor<0x512xf32>, %w: tensor<512x256xf32>, %acc: tensor<0x2
 def test_the_budget_follows_where_the_latency_is(host):
     """A 1024^3 matmul and a row sum over its result: the matmul's group gets more of the budget
     (half of it is split by the groups' share of the starting plan's latency)."""
-    src = """
-func.func @f(%a: tensor<1024x1024xf32>, %b: tensor<1024x1024xf32>) -> tensor<1024xf32> {
-  %zero = arith.constant 0.0 : f32
-  %e = tensor.empty() : tensor<1024x1024xf32>
-  %acc = linalg.fill ins(%zero : f32) outs(%e : tensor<1024x1024xf32>) -> tensor<1024x1024xf32>
-  %mm = linalg.matmul ins(%a, %b : tensor<1024x1024xf32>, tensor<1024x1024xf32>) outs(%acc : tensor<1024x1024xf32>) -> tensor<1024x1024xf32>
-  %er = tensor.empty() : tensor<1024xf32>
-  %z = linalg.fill ins(%zero : f32) outs(%er : tensor<1024xf32>) -> tensor<1024xf32>
-  %s = linalg.generic {indexing_maps = [affine_map<(d0, d1) -> (d0, d1)>, affine_map<(d0, d1) -> (d0)>], iterator_types = ["parallel", "reduction"]}
-      ins(%mm : tensor<1024x1024xf32>) outs(%z : tensor<1024xf32>) {
-  ^bb0(%v: f32, %o: f32):
-    %r = arith.addf %v, %o : f32
-    linalg.yield %r : f32
-  } -> tensor<1024xf32>
-  return %s : tensor<1024xf32>
-}"""
+    src = MATMUL_THEN_ROW_SUM
     r = tune(src, host, budget=100, strategy="random", seed=0, workers=0)
     per_group = Counter(t.cost["scope"]["group"] for t in r.trials if t.source == "random" and t.cost and "scope" in t.cost)
     assert set(per_group) == {"g1", "g3"}

@@ -17,23 +17,8 @@ from service.search.evaluator import GroupScope, Item
 from service.search.knobs import group_name, group_of
 from service.search.space import build_space
 
-# A 1024^3 matmul (group g1) and a row sum over its result (group g3).
-MATMUL_THEN_ROW_SUM = """
-func.func @f(%a: tensor<1024x1024xf32>, %b: tensor<1024x1024xf32>) -> tensor<1024xf32> {
-  %zero = arith.constant 0.0 : f32
-  %e = tensor.empty() : tensor<1024x1024xf32>
-  %acc = linalg.fill ins(%zero : f32) outs(%e : tensor<1024x1024xf32>) -> tensor<1024x1024xf32>
-  %mm = linalg.matmul ins(%a, %b : tensor<1024x1024xf32>, tensor<1024x1024xf32>) outs(%acc : tensor<1024x1024xf32>) -> tensor<1024x1024xf32>
-  %er = tensor.empty() : tensor<1024xf32>
-  %z = linalg.fill ins(%zero : f32) outs(%er : tensor<1024xf32>) -> tensor<1024xf32>
-  %s = linalg.generic {indexing_maps = [affine_map<(d0, d1) -> (d0, d1)>, affine_map<(d0, d1) -> (d0)>], iterator_types = ["parallel", "reduction"]}
-      ins(%mm : tensor<1024x1024xf32>) outs(%z : tensor<1024xf32>) {
-  ^bb0(%v: f32, %o: f32):
-    %r = arith.addf %v, %o : f32
-    linalg.yield %r : f32
-  } -> tensor<1024xf32>
-  return %s : tensor<1024xf32>
-}"""
+from _shared import MATMUL_THEN_ROW_SUM  # a 1024^3 matmul (group g1) and a row sum over its result (group g3)
+
 
 
 class FakeEvaluator:

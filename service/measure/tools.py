@@ -60,22 +60,22 @@ def first_error_line(stderr: str) -> str:
     return lines[0] if lines else "failed without a message"
 
 
+def run_tool(tool: str, args: Sequence[str], timeout_s: float) -> str:
+    """One of IREE's tools; its stdout, or ToolFailure with the first error line it printed."""
+    try:
+        proc = subprocess.run([tool_path(tool), *args], capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        raise ToolFailure(f"{tool} timed out after {timeout_s:g} s") from None
+    if proc.returncode != 0:
+        raise ToolFailure(first_error_line(proc.stderr or proc.stdout))
+    return proc.stdout
+
+
 def compile_module(mlir_path: Path, vmfb_path: Path, configs_dir: Path, timeout_s: float) -> None:
     """iree-compile for this host's CPU; dumps the chosen executable configurations too."""
-    cmd = [
-        tool_path("iree-compile"),
-        str(mlir_path),
-        *HOST_COMPILE_FLAGS,
-        f"--iree-hal-dump-executable-configurations-to={configs_dir}",
-        "-o",
-        str(vmfb_path),
-    ]
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        raise ToolFailure(f"iree-compile timed out after {timeout_s:g} s") from None
-    if proc.returncode != 0:
-        raise ToolFailure(first_error_line(proc.stderr))
+    run_tool("iree-compile", [str(mlir_path), *HOST_COMPILE_FLAGS,
+                              f"--iree-hal-dump-executable-configurations-to={configs_dir}", "-o", str(vmfb_path)],
+             timeout_s)
 
 
 def _dumped_attributes(configs_dir: Path, name: str) -> list[str]:
@@ -147,8 +147,7 @@ def benchmark_module(
     timeout_s: float,
 ) -> BenchSamples:
     """Seconds per call, one sample per repetition (each the mean over that repetition's runs)."""
-    cmd = [
-        tool_path("iree-benchmark-module"),
+    stdout = run_tool("iree-benchmark-module", [
         f"--module={vmfb_path}",
         f"--device={_BENCH_DEVICE}",
         f"--function={function}",
@@ -156,15 +155,9 @@ def benchmark_module(
         f"--benchmark_repetitions={repetitions}",
         f"--benchmark_min_time={min_time_s:g}s",
         "--benchmark_format=json",
-    ]
+    ], timeout_s)
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        raise ToolFailure(f"iree-benchmark-module timed out after {timeout_s:g} s") from None
-    if proc.returncode != 0:
-        raise ToolFailure(first_error_line(proc.stderr or proc.stdout))
-    try:
-        report = json.loads(proc.stdout)
+        report = json.loads(stdout)
     except json.JSONDecodeError:
         raise ToolFailure("iree-benchmark-module printed no JSON report") from None
     scale = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0}

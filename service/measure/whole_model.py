@@ -10,37 +10,27 @@ was applied, and timed in interleaved rounds with iree-benchmark-module.
 from __future__ import annotations
 
 import statistics
-import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from service.ir.mlir import context, ir, tool_path
+from service.ir.mlir import context, ir
 
 from .forcing import ArgumentSpec, write_inputs
-from .tools import HOST_COMPILE_FLAGS, ToolFailure, benchmark_module, first_error_line
+from .tools import HOST_COMPILE_FLAGS, ToolFailure, benchmark_module, run_tool
 
 _STRUCTURED_PREFIX = "linalg."
-
-
-def _run_compile(args: list[str], timeout_s: float) -> None:
-    try:
-        proc = subprocess.run([tool_path("iree-compile"), *args], capture_output=True, text=True, timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        raise ToolFailure(f"iree-compile timed out after {timeout_s:g} s") from None
-    if proc.returncode != 0:
-        raise ToolFailure(first_error_line(proc.stderr))
 
 
 def executable_sources(model: Path, out: Path, timeout_s: float = 300.0) -> str:
     """The model's host program and one hal.executable per unique dispatch, as IREE forms them
     for this CPU (any input IREE takes: linalg, torch, ...)."""
-    _run_compile([str(model), *HOST_COMPILE_FLAGS, "--compile-to=executable-sources", "-o", str(out)], timeout_s)
+    run_tool("iree-compile", [str(model), *HOST_COMPILE_FLAGS, "--compile-to=executable-sources", "-o", str(out)], timeout_s)
     return out.read_text()
 
 
 def input_program(model: Path, out: Path, timeout_s: float = 300.0) -> str:
     """The model lowered to IREE's input form (linalg on tensors behind `hal.tensor.import`)."""
-    _run_compile([str(model), "--compile-to=input", "-o", str(out)], timeout_s)
+    run_tool("iree-compile", [str(model), "--compile-to=input", "-o", str(out)], timeout_s)
     return out.read_text()
 
 
@@ -49,7 +39,7 @@ def compile_model(model: Path, vmfb: Path, configs_dir: Path, spec: Path | None 
     args = [str(model), *HOST_COMPILE_FLAGS, f"--iree-hal-dump-executable-configurations-to={configs_dir}", "-o", str(vmfb)]
     if spec is not None:
         args.append(f"--iree-codegen-tuning-spec-path={spec}")
-    _run_compile(args, timeout_s)
+    run_tool("iree-compile", args, timeout_s)
 
 
 def _walk(op: ir.Operation, keep) -> list[ir.Operation]:
@@ -155,14 +145,8 @@ def run_outputs(vmfb: Path, input_flags: list[str], out_dir: Path, n_outputs: in
     """Run the model once with iree-run-module, writing each output to a .npy file."""
     out_dir.mkdir(parents=True, exist_ok=True)
     outputs = [out_dir / f"out{i}.npy" for i in range(n_outputs)]
-    cmd = [tool_path("iree-run-module"), f"--module={vmfb}", "--device=local-task", f"--function={function}",
-           *input_flags, *(f"--output=@{p}" for p in outputs)]
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        raise ToolFailure(f"iree-run-module timed out after {timeout_s:g} s") from None
-    if proc.returncode != 0:
-        raise ToolFailure(first_error_line(proc.stderr or proc.stdout))
+    run_tool("iree-run-module", [f"--module={vmfb}", "--device=local-task", f"--function={function}",
+                                 *input_flags, *(f"--output=@{p}" for p in outputs)], timeout_s)
     return outputs
 
 
