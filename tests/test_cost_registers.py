@@ -27,7 +27,7 @@ def test_large_vector_tile_infeasible_on_host_cpu():
 
 def test_register_tile_that_spills_is_predicted_slower() -> None:
     """A 32x32 f32 accumulator (64 zmm) spills the AVX-512 register file; 8x32 (16 zmm) fits.
-    Measured on this CPU (mlp_chain, README fidelity table): the spilling tile is ~1.9x slower."""
+    Measured on this CPU (mlp_chain, docs/benchmarks.md fidelity table): the spilling tile is ~1.9x slower."""
     hw = avx512_host()
     with context():
         tagged = tag_tileable_ops(parse_module((WORKLOADS / "matmul_1024.mlir").read_text()))

@@ -196,7 +196,7 @@ def test_force_plan_sets_the_translation_info_it_is_given():
 def test_a_forced_plan_uses_the_translation_info_of_irees_default_on_this_host(tmp_path):
     """Only the tile sizes may differ from IREE's default: on an AVX2 host IREE peels remainder
     iterations (enable_loop_peeling), and a forced config without it compiles masked vectors,
-    far slower than the default at the default's own tile sizes (README)."""
+    far slower than the default at the default's own tile sizes (docs/benchmarks.md)."""
     result = measure_plan_and_default(TINY_MATMUL, matmul_plan([32, 32, 0], [8, 8, 0], [0, 0, 8]), settings=FAST,
                                       keep_dir=tmp_path)
     assert result.forced.ok and result.default.ok, (result.forced.error, result.default.error)

@@ -149,7 +149,7 @@ class HardwareModel(BaseModel):
         description="How compute and the memory levels' transfers overlap within a loop nest: "
                     "latency = (sum of t**p) ** (1/p) over them. Large p approaches the plain roofline "
                     "max (perfect overlap), 1 is their sum (none). 3 fits the host CPU's IREE "
-                    "measurements (README: cost model fidelity).",
+                    "measurements (docs/benchmarks.md: cost model fidelity).",
     )
     # Largest vector tile (bytes) the compiler accepts; None = no limit. On host-cpu IREE fails
     # with "large vector sizes" at 512 native vectors (32 KiB with AVX-512, 16 KiB with AVX2).

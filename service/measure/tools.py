@@ -102,7 +102,7 @@ def chosen_translation_infos(configs_dir: Path) -> list[str]:
 # A static matmul: what IREE's CPU default chooses for it shows the pipeline options it uses on
 # this host. On x86 without AVX-512 it turns on loop peeling (remainders peeled, not masked); a
 # forced config without it compiles masked vectors, much slower than IREE's default at IREE's
-# own tile sizes (measured in the README).
+# own tile sizes (measured: docs/benchmarks.md).
 _PROBE_MATMUL = """
 func.func @probe(%a: tensor<64x64xf32>, %b: tensor<64x64xf32>, %c: tensor<64x64xf32>) -> tensor<64x64xf32> {
   %r = linalg.matmul ins(%a, %b : tensor<64x64xf32>, tensor<64x64xf32>) outs(%c : tensor<64x64xf32>) -> tensor<64x64xf32>

@@ -1,6 +1,6 @@
 """Measure-in-the-loop refinement: the cost model ranks, IREE decides among the top few.
 
-The model orders plans well (README, cost model fidelity) but near the best its order is as
+The model orders plans well (docs/benchmarks.md, cost model fidelity) but near the best its order is as
 good as the measurement noise allows, and it misses what it does not model (IREE's
 dynamic-shape codegen, fused epilogues). So, like an autotuner, measure the K distinct feasible
 plans the search predicted fastest on this machine, with IREE, in alternating rounds beside

@@ -350,7 +350,7 @@ def outer_sizes(extent: int, min_size: int = 32, max_choices: int = 6, dynamic: 
 
     A dynamic dim (`extent` is its hint) is never left untiled: its tiles then get a static
     upper bound (affine.min), which vectorization needs for static vector sizes (IREE runs an
-    untiled dynamic dim slower; README). In its place, one tile of the whole hinted extent."""
+    untiled dynamic dim slower; docs/benchmarks.md). In its place, one tile of the whole hinted extent."""
     min_size = min(min_size, max(1, extent // 4))  # small dims still get a few choices
     sizes = {s for s in _pow2_upto(extent, min_size)}
     sizes |= {d for d in range(min_size, extent) if extent % d == 0 and (extent // d) <= 64}
@@ -553,7 +553,7 @@ def _one_transpose_block(spec: GroupSpec, n: int, k: int, lanes: int) -> None:
     along k and transposes it in registers, lanes x lanes at a time. A register tile of one
     vector of n by one vector's lanes of k is that one block; a shorter k leaves partial
     transposes and strided element loads, and a wider n or a longer k keeps several blocks live
-    beside the accumulators, which spill (README: the transposed-B sweep). The space offers that
+    beside the accumulators, which spill (docs/benchmarks.md: the transposed-B sweep). The space offers that
     one block: n = lanes, k = lanes (the whole k when it is shorter)."""
     if spec.ranges[n] > lanes:
         spec.inner_choices[n] = [lanes]

@@ -109,7 +109,7 @@ class AnchorCompilationInfo(_Contract):
 
     op: str
     compilation_info: str
-    # IREE silently drops compilation_info on linalg.conv_2d_* (see README).
+    # IREE silently drops compilation_info on linalg.conv_2d_* (see docs/benchmarks.md).
     honoured_by_iree: bool
 
 

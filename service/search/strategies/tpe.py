@@ -33,7 +33,7 @@ from .proposed import NOVELTY_TRIES, Identity, Proposed, warm_starts_in_space
 
 STARTUP_TRIALS = 10
 # Vectors drawn from l(x) per proposal (Optuna's default is 24): each is scored against every
-# told trial, and 8 meets the quality target (README: search benchmarks).
+# told trial, and 8 meets the quality target (docs/benchmarks.md: search benchmarks).
 EI_CANDIDATES = 8
 PRIOR_WEIGHT = 1.0
 # Past this many trials, the older ones weigh less in the bad density (Optuna's default_weights).
