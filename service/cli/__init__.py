@@ -7,26 +7,16 @@ from pathlib import Path
 
 import typer
 
+from .common import _ir_failure, _read_module, _run_ir_task
+from .jobs import job_app, worker_cmd
+from .model import model_app
+
 app = typer.Typer(
     name="tilesearch",
     help="Tile-and-fuse search for MLIR tensor programs.",
     no_args_is_help=True,
     add_completion=False,
 )
-
-
-def _ir_failure(exc: Exception) -> typer.Exit:
-    """Print an IR core error (with line:column diagnostics) to stderr; exit code 2."""
-    typer.echo(f"error: {exc}", err=True)
-    return typer.Exit(2)
-
-
-def _run_ir_task(fn, *args, timeout: float = 60.0):
-    """Run an IR task in a sandbox worker: a crash or hang inside MLIR ends the task, not us."""
-    from service.ir.sandbox import Sandbox
-
-    with Sandbox(workers=1) as sandbox:
-        return sandbox.run(fn, *args, timeout=timeout)
 
 
 @app.command("inspect")
@@ -97,14 +87,6 @@ def apply_cmd(
     typer.echo(result.tiled_module)
     if origin_json:
         typer.echo(json.dumps(result.origin, indent=2))
-
-
-def _read_module(path: Path) -> str | bytes:
-    data = path.read_bytes()
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError:
-        return data  # MLIR bytecode
 
 
 @app.command("measure")
@@ -463,179 +445,6 @@ def serve_cmd(
                 log_level=log_level, http="httptools", loop="uvloop")
 
 
-if __name__ == "__main__":
-    app()
-
-
-model_app = typer.Typer(help="Whole models: IREE's dispatches in, one tuning spec out.", no_args_is_help=True)
 app.add_typer(model_app, name="model")
-
-
-@model_app.command("tune")
-def model_tune_cmd(
-    file: Path = typer.Argument(..., exists=True, dir_okay=False, help="a whole model IREE takes (linalg, torch, ...)"),
-    hardware: str = typer.Option("host-cpu", "--hardware", help="hardware profile name"),
-    spec_out: Path = typer.Option(..., "--spec-out", help="write the IREE tuning spec here"),
-    budget: int | None = typer.Option(None, "--budget", min=1, help="plans to evaluate over the whole model (default 64 per tunable dispatch)"),
-    seconds: float | None = typer.Option(None, "--seconds", help="wall-clock limit for the search"),
-    measure_top: int = typer.Option(0, "--measure-top", min=0, help="measure each tuned dispatch's K best predicted plans beside IREE's default"),
-    seed: int = typer.Option(0, "--seed"),
-    as_json: bool = typer.Option(False, "--json", help="print JSON"),
-) -> None:
-    """Tune every dispatch IREE forms for the model and write one tuning spec IREE is shown to apply."""
-    import json
-
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-    from rich.table import Table
-
-    from service.hardware.profiles import UnknownHardwareError, get_profile
-    from service.ir.errors import IRError
-    from service.model_tuning import ModelInputError, SpecNotApplied, tune_model
-
-    try:
-        hw = get_profile(hardware)
-    except UnknownHardwareError as exc:
-        raise _ir_failure(exc) from None
-    columns = (TextColumn("tuning {task.fields[dispatch]}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, transient=True, disable=as_json or not sys.stderr.isatty()) as bar:
-        task = bar.add_task("model", total=None, dispatch="")
-
-        def progress(name: str, done: int, total: int) -> None:
-            bar.update(task, completed=done, total=total, dispatch=name[-40:])
-
-        try:
-            report = tune_model(file, hw, spec_out, budget=budget, seconds=seconds, seed=seed,
-                                measure_top=measure_top, progress=progress)
-        except (ModelInputError, IRError) as exc:
-            raise _ir_failure(exc) from None
-        except SpecNotApplied as exc:
-            typer.echo(f"error: {exc}", err=True)
-            raise typer.Exit(3) from None
-    if as_json:
-        typer.echo(json.dumps(report.summary(), indent=2))
-        return
-    table = Table(title=f"{file.name} on {hw.name}: {sum(d.tuned for d in report.dispatches)} of "
-                        f"{len(report.dispatches)} dispatches tuned")
-    for col in ("dispatch", "weight", "root", "tuned", "predicted ms", "reason"):
-        table.add_column(col)
-    for d in report.dispatches:
-        table.add_row(d.name, str(d.weight), d.root_op or "-", "yes" if d.tuned else "no",
-                      f"{d.predicted_s * 1e3:.3f}" if d.predicted_s is not None else "-", d.reason or "")
-    Console(width=max(Console().width, 160)).print(table)
-    if report.spec:
-        typer.echo(f"wrote {report.spec} (IREE applied it to every tuned dispatch: {report.verified}); "
-                   f"predicted {report.predicted_total_s * 1e3:.3f} ms for the tuned dispatches")
-    else:
-        typer.echo("nothing to tune: no spec written")
-
-
-@model_app.command("bench")
-def model_bench_cmd(
-    file: Path = typer.Argument(..., exists=True, dir_okay=False, help="the model the spec was tuned for"),
-    spec: Path = typer.Option(..., "--spec", exists=True, dir_okay=False, help="IREE tuning spec"),
-    rounds: int = typer.Option(5, "--rounds", min=1, help="interleaved rounds of both builds"),
-    as_json: bool = typer.Option(False, "--json", help="print JSON"),
-) -> None:
-    """Time the whole model compiled with and without the spec (iree-benchmark-module, interleaved)."""
-    from service.measure.tools import ToolFailure
-    from service.model_tuning import ModelInputError, bench_model
-
-    try:
-        result = bench_model(file, spec, rounds=rounds)
-    except (ModelInputError, ToolFailure) as exc:
-        raise _ir_failure(exc) from None
-    if as_json:
-        typer.echo(result.model_dump_json(indent=2))
-        return
-    typer.echo(f"{file.name}: IREE default {result.default_median_s * 1e3:.3f} ms, with the spec "
-               f"{result.tuned_median_s * 1e3:.3f} ms (median of {len(result.default_samples_s)}): "
-               f"{result.speedup:.2f}x")
-
-
-
-@app.command("worker")
-def worker_cmd(
-    concurrency: int = typer.Option(1, "--concurrency", min=1, help="items at once (one sandbox process each)"),
-    queue: list[str] | None = typer.Option(None, "--queue", help="queues to take items from (repeatable); default: "
-                                                                 "every search item, and the measured items of this host"),
-) -> None:
-    """Run job items from the queue (PostgreSQL: DATABASE_URL; SQLite jobs run inside `serve`)."""
-    from service.config import get_settings
-    from service.jobs.wiring import NeedsPostgreSQL, serve_worker
-
-    try:
-        serve_worker(get_settings(), concurrency, queue or None)
-    except NeedsPostgreSQL as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(2) from None
-
-
-job_app = typer.Typer(help="Batch tuning jobs on a tilesearch server.", no_args_is_help=True)
 app.add_typer(job_app, name="job")
-_SERVER = typer.Option("http://127.0.0.1:8000", "--server", help="the tilesearch server")
-_TOKEN = typer.Option(None, "--token", envvar="TILESEARCH_API_TOKEN", help="bearer token, when the server has one")
-
-
-def _job_client(server: str, token: str | None):
-    from service.client import TilesearchClient
-
-    return TilesearchClient(server, token)
-
-
-@job_app.command("submit")
-def job_submit_cmd(
-    path: Path = typer.Argument(..., exists=True, help="a model (MLIR file: its dispatches are the items) or a "
-                                                      "directory of modules (*.mlir: each file one item)"),
-    hardware: str = typer.Option(..., "--hardware", help="hardware profile name"),
-    budget: int = typer.Option(64, "--budget", min=1, help="plans to evaluate per item"),
-    seconds: float | None = typer.Option(None, "--seconds", help="time limit per item"),
-    measure_top: int = typer.Option(0, "--measure-top", min=0, help="time each item's K best plans with IREE"),
-    server: str = _SERVER,
-    token: str | None = _TOKEN,
-) -> None:
-    """Queue a job; prints its id (follow it with `tilesearch job watch ID`)."""
-    body: dict = {"hardware": hardware, "budget": budget, "seconds": seconds, "measure_top": measure_top}
-    if path.is_dir():
-        body["items"] = [{"name": f.stem, "module": f.read_text()} for f in sorted(path.glob("*.mlir"))]
-    else:
-        body["model"] = path.read_text()
-    with _job_client(server, token) as client:
-        answer = client.submit_job(body)
-    typer.echo(f"job {answer['id']}: {answer['state']}, {answer['items']['total']} items", err=True)
-    typer.echo(answer["id"])
-
-
-@job_app.command("watch")
-def job_watch_cmd(job_id: int, server: str = _SERVER, token: str | None = _TOKEN,
-                  interval: float = typer.Option(1.0, "--interval", min=0.1)) -> None:
-    """A progress bar of the job's items, trials and ETA until it ends; exit 1 unless it succeeded."""
-    import time
-
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    columns = (TextColumn("job {task.fields[job]} {task.fields[state]}"), BarColumn(), MofNCompleteColumn(),
-               TextColumn("running {task.fields[running]} failed {task.fields[failed]} trials {task.fields[trials]} "
-                          "eta {task.fields[eta]}"), TimeElapsedColumn())
-    with _job_client(server, token) as client, Progress(*columns) as progress:
-        bar = progress.add_task("job", total=None, job=job_id, state="", running=0, failed=0, trials=0, eta="-")
-        while True:
-            job = client.job(job_id)
-            n = job["items"]
-            progress.update(bar, total=n["total"], completed=n["done"] + n["failed"] + n["cancelled"],
-                            state=job["state"], running=n["running"], failed=n["failed"], trials=job["trials"],
-                            eta="-" if job["eta_s"] is None else f"{job['eta_s']:.0f}s")
-            if job["state"] in ("succeeded", "failed", "cancelled"):
-                break
-            time.sleep(interval)
-    if job["state"] != "succeeded":
-        raise typer.Exit(1)
-
-
-@job_app.command("spec")
-def job_spec_cmd(job_id: int, out: Path = typer.Option(..., "-o", "--out", help="write the merged tuning spec here"),
-                 server: str = _SERVER, token: str | None = _TOKEN) -> None:
-    """The job's merged IREE tuning spec (its done items' configs)."""
-    with _job_client(server, token) as client:
-        out.write_text(client.job_spec(job_id))
-    typer.echo(f"wrote {out}", err=True)
+app.command("worker")(worker_cmd)

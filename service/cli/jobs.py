@@ -1,0 +1,91 @@
+"""`tilesearch worker` and `tilesearch job submit|watch|spec`: batch jobs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+def worker_cmd(
+    concurrency: int = typer.Option(1, "--concurrency", min=1, help="items at once (one sandbox process each)"),
+    queue: list[str] | None = typer.Option(None, "--queue", help="queues to take items from (repeatable); default: "
+                                                                 "every search item, and the measured items of this host"),
+) -> None:
+    """Run job items from the queue (PostgreSQL: DATABASE_URL; SQLite jobs run inside `serve`)."""
+    from service.config import get_settings
+    from service.jobs.wiring import NeedsPostgreSQL, serve_worker
+
+    try:
+        serve_worker(get_settings(), concurrency, queue or None)
+    except NeedsPostgreSQL as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+
+
+job_app = typer.Typer(help="Batch tuning jobs on a tilesearch server.", no_args_is_help=True)
+_SERVER = typer.Option("http://127.0.0.1:8000", "--server", help="the tilesearch server")
+_TOKEN = typer.Option(None, "--token", envvar="TILESEARCH_API_TOKEN", help="bearer token, when the server has one")
+
+
+def _job_client(server: str, token: str | None):
+    from service.client import TilesearchClient
+
+    return TilesearchClient(server, token)
+
+
+@job_app.command("submit")
+def job_submit_cmd(
+    path: Path = typer.Argument(..., exists=True, help="a model (MLIR file: its dispatches are the items) or a "
+                                                      "directory of modules (*.mlir: each file one item)"),
+    hardware: str = typer.Option(..., "--hardware", help="hardware profile name"),
+    budget: int = typer.Option(64, "--budget", min=1, help="plans to evaluate per item"),
+    seconds: float | None = typer.Option(None, "--seconds", help="time limit per item"),
+    measure_top: int = typer.Option(0, "--measure-top", min=0, help="time each item's K best plans with IREE"),
+    server: str = _SERVER,
+    token: str | None = _TOKEN,
+) -> None:
+    """Queue a job; prints its id (follow it with `tilesearch job watch ID`)."""
+    body: dict = {"hardware": hardware, "budget": budget, "seconds": seconds, "measure_top": measure_top}
+    if path.is_dir():
+        body["items"] = [{"name": f.stem, "module": f.read_text()} for f in sorted(path.glob("*.mlir"))]
+    else:
+        body["model"] = path.read_text()
+    with _job_client(server, token) as client:
+        answer = client.submit_job(body)
+    typer.echo(f"job {answer['id']}: {answer['state']}, {answer['items']['total']} items", err=True)
+    typer.echo(answer["id"])
+
+
+@job_app.command("watch")
+def job_watch_cmd(job_id: int, server: str = _SERVER, token: str | None = _TOKEN,
+                  interval: float = typer.Option(1.0, "--interval", min=0.1)) -> None:
+    """A progress bar of the job's items, trials and ETA until it ends; exit 1 unless it succeeded."""
+    import time
+
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    columns = (TextColumn("job {task.fields[job]} {task.fields[state]}"), BarColumn(), MofNCompleteColumn(),
+               TextColumn("running {task.fields[running]} failed {task.fields[failed]} trials {task.fields[trials]} "
+                          "eta {task.fields[eta]}"), TimeElapsedColumn())
+    with _job_client(server, token) as client, Progress(*columns) as progress:
+        bar = progress.add_task("job", total=None, job=job_id, state="", running=0, failed=0, trials=0, eta="-")
+        while True:
+            job = client.job(job_id)
+            n = job["items"]
+            progress.update(bar, total=n["total"], completed=n["done"] + n["failed"] + n["cancelled"],
+                            state=job["state"], running=n["running"], failed=n["failed"], trials=job["trials"],
+                            eta="-" if job["eta_s"] is None else f"{job['eta_s']:.0f}s")
+            if job["state"] in ("succeeded", "failed", "cancelled"):
+                break
+            time.sleep(interval)
+    if job["state"] != "succeeded":
+        raise typer.Exit(1)
+
+
+@job_app.command("spec")
+def job_spec_cmd(job_id: int, out: Path = typer.Option(..., "-o", "--out", help="write the merged tuning spec here"),
+                 server: str = _SERVER, token: str | None = _TOKEN) -> None:
+    """The job's merged IREE tuning spec (its done items' configs)."""
+    with _job_client(server, token) as client:
+        out.write_text(client.job_spec(job_id))
+    typer.echo(f"wrote {out}", err=True)
