@@ -13,6 +13,7 @@ from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import HTMLResponse
 from fastapi.staticfiles import StaticFiles
 
+from service.api.dashboard import job_pages as dashboard_job_pages
 from service.api.dashboard import pages as dashboard_pages
 from service.api.dashboard.auth import LoginRequired
 from service.api.errors import install_error_handlers
@@ -74,6 +75,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     # The dashboard: server-rendered pages at / and its vendored scripts under /static.
     app.include_router(dashboard_pages.router)
+    app.include_router(dashboard_job_pages.router)
     app.add_exception_handler(LoginRequired, dashboard_pages.login_redirect)
     app.mount("/static", StaticFiles(directory=_STATIC_DIR), name="static")
 

@@ -17,7 +17,7 @@ from typing import Any
 from sqlalchemy import ColumnElement, func, or_, select
 from sqlalchemy.orm import Session
 
-from service.store.models import Decision, DecisionStatus, Measurement, Module, Trial
+from service.store.models import Decision, DecisionStatus, ItemState, Job, JobItem, Measurement, Module, Trial
 
 MAX_PAGE_SIZE = 200
 # A decision's search evaluates at most a few thousand plans; the charts read them all at once.
@@ -131,6 +131,28 @@ def modules_by_fingerprint(session: Session, fingerprints: Iterable[str]) -> dic
     if not wanted:
         return {}
     return {m.fingerprint: m for m in session.scalars(select(Module).where(Module.fingerprint.in_(wanted)))}
+
+
+def decisions_by_id(session: Session, ids: Iterable[int | None]) -> dict[int, Decision]:
+    """The decisions a page of job items points at, in one query."""
+    wanted = sorted({i for i in ids if i is not None})
+    if not wanted:
+        return {}
+    return {d.id: d for d in session.scalars(select(Decision).where(Decision.id.in_(wanted)))}
+
+
+def job_count(session: Session) -> int:
+    return int(session.scalar(select(func.count()).select_from(Job)) or 0)
+
+
+def finished_items_of(session: Session, job_id: int) -> list[tuple[datetime, str]]:
+    """(finished_at, state) of a job's items that ran to an end (done or failed): the jobs page's
+    items-finished-over-time chart. Cancelled items did not finish their search."""
+    statement = (select(JobItem.finished_at, JobItem.state)
+                 .where(JobItem.job_id == job_id, JobItem.state.in_((ItemState.DONE, ItemState.FAILED)),
+                        JobItem.finished_at.is_not(None))
+                 .order_by(JobItem.finished_at))
+    return [(at, ItemState(state).value) for at, state in session.execute(statement)]
 
 
 def trials_of(session: Session, decision_id: int, *, limit: int = MAX_TRIALS) -> list[Trial]:

@@ -2,7 +2,7 @@
 
 Server-rendered with Jinja2 (autoescaped: module text and names are user data); tables work
 without JavaScript, charts and the DAG are drawn by vendored scripts from the data the page
-embeds as JSON. Pages for jobs and whole models belong here when those exist.
+embeds as JSON. The jobs pages (whole models are jobs) are in job_pages.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ FIRST_DECISION_CURL = (
 FIRST_DECISION_CLI = "tilesearch tune model.mlir --hardware host-cpu --server http://127.0.0.1:8000"
 
 
-def _format_seconds(value: float | None) -> str:
+def format_seconds(value: float | None) -> str:
     if value is None:
         return "—"
     if value < 1e-3:
@@ -81,7 +81,7 @@ def _format_count(value: float | None) -> str:
 
 def _templates() -> Jinja2Templates:
     env = Environment(loader=FileSystemLoader(TEMPLATE_DIR), autoescape=True)
-    env.filters.update(seconds=_format_seconds, bytes=_format_bytes, ratio=_format_ratio, number=_format_count)
+    env.filters.update(seconds=format_seconds, bytes=_format_bytes, ratio=_format_ratio, number=_format_count)
     return Jinja2Templates(env=env)
 
 
@@ -95,15 +95,15 @@ def login_redirect(request: Request, exc: LoginRequired) -> Response:
     return RedirectResponse(login_location(exc.next_path), status_code=303)
 
 
-def _render(request: Request, name: str, context: dict[str, Any], status_code: int = 200) -> HTMLResponse:
+def render(request: Request, name: str, context: dict[str, Any], status_code: int = 200) -> HTMLResponse:
     settings = request.app.state.settings
     return templates.TemplateResponse(
         request, name, {"token_required": bool(settings.api_token), **context}, status_code=status_code
     )
 
 
-def _not_found(request: Request, what: str) -> HTMLResponse:
-    return _render(request, "dashboard/not_found.html", {"what": what}, status_code=404)
+def not_found(request: Request, what: str) -> HTMLResponse:
+    return render(request, "dashboard/not_found.html", {"what": what}, status_code=404)
 
 
 # --------------------------------------------------------------------------- decisions list
@@ -186,7 +186,7 @@ def decisions_page(request: Request, session: DbSession) -> HTMLResponse:
         return link(sort=column, order=flip)
 
     hardware_options = sorted({(names.get(h) or h, h) for h in counts} | {(h.name, h.hash) for h in hardware})
-    return _render(request, "dashboard/decisions.html", {
+    return render(request, "dashboard/decisions.html", {
         "rows": rows,
         "total": result.total,
         "page": page,
@@ -249,7 +249,7 @@ def _shape_hints(shape_bucket: str) -> dict:
 def decision_page(decision_id: int, request: Request, session: DbSession) -> HTMLResponse:
     row = decisions.get_decision(session, decision_id) if 0 < decision_id < 2**31 else None
     if row is None:
-        return _not_found(request, f"decision {decision_id}")
+        return not_found(request, f"decision {decision_id}")
     hardware = views.known_hardware(session)
     names = views.hardware_names(session, hardware, {row.hardware_hash})
     module = catalog.get_module(session, row.module_fingerprint)
@@ -275,7 +275,7 @@ def decision_page(decision_id: int, request: Request, session: DbSession) -> HTM
     pairs = queries.predicted_and_measured(session, row.hardware_hash, decision_id=row.id)
 
     cost = row.predicted_cost or {}
-    return _render(request, "dashboard/decision.html", {
+    return render(request, "dashboard/decision.html", {
         "d": summary,
         "row": row,
         "module": module,
@@ -307,7 +307,7 @@ def hardware_list_page(request: Request, session: DbSession) -> HTMLResponse:
     names = views.hardware_names(session, hardware, set(counts))
     known_hashes = {h.hash for h in hardware}
     unnamed = sorted((names.get(h) or "(inline model)", h, n) for h, n in counts.items() if h not in known_hashes)
-    return _render(request, "dashboard/hardware_list.html", {
+    return render(request, "dashboard/hardware_list.html", {
         "hardware": [(h, views.calibration_state(h.model), counts.get(h.hash, 0)) for h in hardware],
         "unnamed": unnamed,
     })
@@ -318,10 +318,10 @@ def hardware_page(name: str, request: Request, session: DbSession) -> HTMLRespon
     hardware = views.known_hardware(session)
     found = next((h for h in hardware if name in (h.name, h.hash)), None)
     if found is None:
-        return _not_found(request, f"hardware '{name}'")
+        return not_found(request, f"hardware '{name}'")
     counts = queries.decision_counts_by_hardware(session)
     fidelity = views.fidelity(queries.predicted_and_measured(session, found.hash))
-    return _render(request, "dashboard/hardware.html", {
+    return render(request, "dashboard/hardware.html", {
         "h": found,
         "model": found.model,
         "calibration": views.calibration_state(found.model),
@@ -337,7 +337,7 @@ def hardware_page(name: str, request: Request, session: DbSession) -> HTMLRespon
 
 @router.get("/login", response_class=HTMLResponse)
 def login_form(request: Request) -> HTMLResponse:
-    return _render(request, "dashboard/login.html", {"next": safe_next(request.query_params.get("next")), "error": None})
+    return render(request, "dashboard/login.html", {"next": safe_next(request.query_params.get("next")), "error": None})
 
 
 @router.post("/login", response_model=None)
@@ -351,7 +351,7 @@ async def login(request: Request) -> Response:
     if not token:
         return RedirectResponse(next_path, status_code=303)
     if not token_matches(given, token):
-        return _render(request, "dashboard/login.html", {"next": next_path, "error": "wrong token"}, status_code=401)
+        return render(request, "dashboard/login.html", {"next": next_path, "error": "wrong token"}, status_code=401)
     response = RedirectResponse(next_path, status_code=303)
     response.set_cookie(COOKIE_NAME, cookie_value(token), max_age=COOKIE_MAX_AGE_S, httponly=True,
                         samesite="strict", path="/")

@@ -185,8 +185,98 @@
     }
   }
 
+  // ------------------------------------------------------------------ job progress (polled)
+
+  function finishedChart(el, s) {
+    return new uPlot({
+      width: chartWidth(el), height: 240,
+      scales: { x: { time: false } },
+      axes: [{ label: "seconds since the job was created (s)" }, { label: "items finished", size: 60 }],
+      series: [
+        { label: "seconds" },
+        { label: "items finished", stroke: "#2457c5", width: 2, paths: uPlot.paths.stepped({ align: 1 }), points: { show: true, size: 5 } },
+      ],
+    }, [s.t_s, s.finished], el);
+  }
+
+  function setText(selector, text, root) {
+    for (const el of (root || document).querySelectorAll(selector)) el.textContent = text;
+  }
+
+  function setStatus(el, state) {
+    el.textContent = state;
+    el.className = "status status-" + state;
+  }
+
+  function applyItem(it) {
+    const row = document.querySelector(`tr[data-item-id="${Number(it.id)}"]`);
+    if (!row) return;
+    for (const el of row.querySelectorAll('[data-item="state"]')) setStatus(el, it.state);
+    setText('[data-item="trials"]', String(it.trials), row);
+    setText('[data-item="predicted"]', it.predicted, row);
+    setText('[data-item="weighted"]', it.weighted, row);
+    for (const el of row.querySelectorAll('[data-item="why"]')) {
+      el.textContent = it.why;
+      el.className = it.state === "failed" ? "bad" : "";
+    }
+    for (const el of row.querySelectorAll('[data-item="decision"]')) {
+      if (it.decision_id === null) { el.textContent = "—"; continue; }
+      const a = document.createElement("a");
+      a.href = "/decisions/" + Number(it.decision_id);
+      a.textContent = "decision " + Number(it.decision_id);
+      el.replaceChildren(a);
+    }
+  }
+
+  function applyProgress(p, chart) {
+    for (const el of document.querySelectorAll('[data-live="state"]')) setStatus(el, p.state);
+    for (const el of document.querySelectorAll('[data-live="progress"]')) { el.max = p.total; el.value = p.finished; }
+    setText('[data-live="finished"]', String(p.finished));
+    setText('[data-live="trials"]', p.trials.toLocaleString("en-US"));
+    setText('[data-live="eta"]', p.eta);
+    for (const [state, n] of Object.entries(p.counts)) setText(`[data-count="${state}"]`, String(n));
+    if (p.counts.done) setText('[data-live="spec-note"]', "");
+    p.items.forEach(applyItem);
+    if (p.series.t_s.length > 1) setText('[data-live="chart-note"]', "");
+    if (chart) chart.setData([p.series.t_s, p.series.finished]);
+    const seen = document.body.dataset.updates ? Number(document.body.dataset.updates) : 0;
+    document.body.dataset.updates = String(seen + 1);
+    setText('[data-live="note"]', p.active ? `Updated ${new Date().toLocaleTimeString()}; updates every second.`
+                                           : "The job has finished; this page no longer updates.");
+  }
+
+  function pollJob(live, chart) {
+    async function tick() {
+      try {
+        const r = await fetch(live.url, { headers: { Accept: "application/json" }, cache: "no-store", credentials: "same-origin" });
+        if (r.ok) {
+          const p = await r.json();
+          applyProgress(p, chart);
+          if (!p.active) return;
+        } else if (r.status === 401 || r.status === 404) {
+          setText('[data-live="note"]', r.status === 401 ? "Logged out: reload to log in again." : "This job no longer exists.");
+          return;
+        }
+      } catch (e) {
+        // a failed poll (server restarting): try again at the next tick
+      }
+      setTimeout(tick, live.interval_ms);
+    }
+    setTimeout(tick, live.interval_ms);
+  }
+
+  function initJob() {
+    const live = readJson("job-live");
+    const progress = readJson("job-progress-data");
+    if (!live || !progress) return;
+    const el = document.getElementById("job-chart");
+    const chart = el && window.uPlot ? finishedChart(el, progress.series) : null;
+    if (live.active) pollJob(live, chart);
+  }
+
   function init() {
     wireCopyButtons();
+    initJob();
     const dag = readJson("dag-data");
     const dagEl = document.getElementById("dag");
     if (dag && dagEl && window.dagre) drawDag(dagEl, dag);
