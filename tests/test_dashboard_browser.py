@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -41,9 +42,10 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A `tilesearch serve` process with two decisions made through POST /v1/tilings."""
+@contextmanager
+def _serve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A `tilesearch serve` process on a free loopback port with an empty migrated SQLite store
+    (on SQLite the server runs job items itself)."""
     db = tmp_path_factory.mktemp("browser-db") / "tilesearch.db"
     url = f"sqlite:///{db}"
     migrate.upgrade(url)
@@ -67,9 +69,6 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             assert process.poll() is None, "tilesearch serve exited"
             assert time.monotonic() < deadline, "tilesearch serve did not start"
             time.sleep(0.3)
-        for name in ("mlp_chain", "softmax"):
-            made = httpx.post(base + "/v1/tilings", json={"module": workload(name), "hardware": "host-cpu", "budget": 16}, timeout=120)
-            assert made.status_code == 200, made.text
         yield base
     finally:
         process.terminate()
@@ -78,6 +77,23 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         except subprocess.TimeoutExpired:
             process.kill()
         log.close()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A server with two decisions made through POST /v1/tilings."""
+    with _serve(tmp_path_factory) as base:
+        for name in ("mlp_chain", "softmax"):
+            made = httpx.post(base + "/v1/tilings", json={"module": workload(name), "hardware": "host-cpu", "budget": 16}, timeout=120)
+            assert made.status_code == 200, made.text
+        yield base
+
+
+@pytest.fixture(scope="module")
+def job_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A server of its own for the job test: the job's decisions stay out of the lists above."""
+    with _serve(tmp_path_factory) as base:
+        yield base
 
 
 @pytest.fixture(scope="module")
@@ -184,3 +200,60 @@ def test_tables_work_without_javascript(browser, server):
     assert page.locator("text=The graph as tables").count() == 1
     _shot(page, "decision-no-js")
     context.close()
+
+
+JOB_MODULES = ("mlp_chain", "softmax", "fuse_group", "attention_scores")
+
+
+def _finished(page) -> int:
+    return int(page.locator('[data-live="finished"]').first.inner_text())
+
+
+def test_job_page_shows_progress_live_without_a_reload(browser, job_server):
+    items = [{"name": name, "module": workload(name)} for name in JOB_MODULES]
+    submitted = httpx.post(job_server + "/v1/jobs", json={"items": items, "hardware": "host-cpu", "budget": 48}, timeout=60)
+    assert submitted.status_code == 202, submitted.text
+    job_id = submitted.json()["id"]
+
+    context = browser.new_context(viewport={"width": 1400, "height": 900})
+    page = context.new_page()
+    errors: list[str] = []
+    page.requests_seen = []  # type: ignore[attr-defined]
+    page.on("pageerror", lambda error: errors.append(str(error)))
+    page.on("request", lambda request: page.requests_seen.append(request.url))
+    page.goto(f"{job_server}/jobs/{job_id}")
+    at_load = _finished(page)
+    assert at_load < len(JOB_MODULES), "the job finished before its page loaded: raise the budget"
+    assert page.locator("table.items tbody tr").count() == len(JOB_MODULES)
+    page.evaluate("window.__sameDocument = true")
+
+    page.wait_for_function(f"Number(document.querySelector('[data-live=finished]').textContent) > {at_load}", timeout=180_000)
+    _shot(page, "job-running")
+    assert page.evaluate("window.__sameDocument === true"), "the page reloaded instead of updating itself"
+    page.wait_for_function("document.querySelector('[data-live=state]').textContent === 'succeeded'", timeout=300_000)
+    assert page.evaluate("window.__sameDocument === true")
+    assert _finished(page) == len(JOB_MODULES) and int(page.get_attribute("[data-live=progress]", "value")) == len(JOB_MODULES)
+    assert page.locator("table.items [data-item=decision] a").count() == len(JOB_MODULES)
+    assert page.locator("table.items [data-item=state]").all_inner_texts() == ["done"] * len(JOB_MODULES)
+    drawn = page.evaluate(
+        """() => { const c = document.querySelector('#job-chart canvas'); const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
+               let n = 0; for (let i = 3; i < d.length; i += 4) if (d[i] > 0) n++; return n; }""")
+    assert drawn > 500
+    assert "no longer updates" in page.locator("[data-live=note]").inner_text()
+    _shot(page, "job-done")
+    assert not errors, errors
+    _only_own_host(page, job_server)
+
+    spec = page.request.get(f"{job_server}/v1/jobs/{job_id}/spec")
+    assert spec.status == 200 and "transform.named_sequence" in spec.text()
+    page.goto(job_server + "/jobs")
+    assert page.locator("table.jobs tbody tr").count() == 1 and "succeeded" in page.locator("table.jobs").inner_text()
+    _shot(page, "jobs")
+    context.close()
+
+    static = browser.new_context(java_script_enabled=False, viewport={"width": 1400, "height": 900})
+    plain = static.new_page()
+    plain.goto(f"{job_server}/jobs/{job_id}")
+    assert plain.locator("[data-live=state]").inner_text() == "succeeded"
+    assert plain.locator("table.items tbody tr").count() == len(JOB_MODULES)
+    static.close()

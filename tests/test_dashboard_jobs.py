@@ -174,3 +174,14 @@ def test_token_guards_jobs_pages_json_and_spec_link(seeded_jobs):
         # the page's download link works with the cookie: past the token, no done item yet
         spec = client.get(f"/v1/jobs/{ids['items']}/spec")
         assert spec.status_code == 409 and "none is done yet" in spec.text
+
+
+def test_jobs_pages_load_only_local_resources(seeded_jobs):
+    url, ids, _ = seeded_jobs
+    with _client(url) as client:
+        for path in ("/jobs", f"/jobs/{ids['model']}"):
+            html = client.get(path).text
+            for ref in re.findall(r'(?:src|href)="([^"]*)"', html):
+                assert ref.startswith(("/", "#", "data:")), (path, ref)
+            for asset in re.findall(r'(?:src|href)="(/static/[^"]*)"', html):
+                assert client.get(asset).status_code == 200, asset
