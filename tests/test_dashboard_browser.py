@@ -203,6 +203,17 @@ def test_tables_work_without_javascript(browser, server):
 
 
 JOB_MODULES = ("mlp_chain", "softmax", "fuse_group", "attention_scores")
+MATMUL_SOFTMAX_MODEL = """
+func.func @main(%a: tensor<16x64xf32>, %b: tensor<64x32xf32>) -> tensor<16x32xf32> {
+  %z = arith.constant 0.0 : f32
+  %e = tensor.empty() : tensor<16x32xf32>
+  %f = linalg.fill ins(%z : f32) outs(%e : tensor<16x32xf32>) -> tensor<16x32xf32>
+  %m = linalg.matmul ins(%a, %b : tensor<16x64xf32>, tensor<64x32xf32>) outs(%f : tensor<16x32xf32>) -> tensor<16x32xf32>
+  %e2 = tensor.empty() : tensor<16x32xf32>
+  %s = linalg.softmax dimension(1) ins(%m : tensor<16x32xf32>) outs(%e2 : tensor<16x32xf32>) -> tensor<16x32xf32>
+  return %s : tensor<16x32xf32>
+}
+"""
 
 
 def _finished(page) -> int:
@@ -246,8 +257,24 @@ def test_job_page_shows_progress_live_without_a_reload(browser, job_server):
 
     spec = page.request.get(f"{job_server}/v1/jobs/{job_id}/spec")
     assert spec.status == 200 and "transform.named_sequence" in spec.text()
+
+    # a whole model: IREE forms a matmul dispatch (tuned) and a softmax one (left to IREE)
+    model = httpx.post(job_server + "/v1/jobs", json={"model": MATMUL_SOFTMAX_MODEL, "hardware": "host-cpu", "budget": 8}, timeout=120)
+    assert model.status_code == 202, model.text
+    model_id = model.json()["id"]
+    page.goto(f"{job_server}/jobs/{model_id}")
+    page.wait_for_function("document.querySelector('[data-live=state]').textContent === 'succeeded'", timeout=120_000)
+    page.reload()  # the rendered (not script-updated) page: the weighted total card appears
+    assert "whole model, 1 tunable dispatch" in page.locator("h1").inner_text()
+    dispatch = page.locator("table.items tbody tr").first.inner_text()
+    assert "matmul" in dispatch and "tuned" in dispatch
+    left = page.locator("table.left tbody tr").first.inner_text()
+    assert "softmax" in left and "no contraction root" in left
+    _shot(page, "job-model")
+
     page.goto(job_server + "/jobs")
-    assert page.locator("table.jobs tbody tr").count() == 1 and "succeeded" in page.locator("table.jobs").inner_text()
+    listed = page.locator("table.jobs").inner_text()
+    assert page.locator("table.jobs tbody tr").count() == 2 and "model" in listed and "succeeded" in listed
     _shot(page, "jobs")
     context.close()
 
