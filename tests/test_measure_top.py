@@ -17,6 +17,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import select
 
 from service.api.app import create_app
+from service.api.dashboard.views import measured_of
 from service.config import Settings
 from service.store import migrate
 from service.store.db import make_engine, make_sessionmaker, session_scope
@@ -152,3 +153,12 @@ def test_embedded_job_item_with_measure_top_ends_measured(tmp_path: Path) -> Non
         # the item's decision is an ordinary one: a predicted request is a hit on it
         hit = client.post("/v1/tilings", json={"module": TINY_MATMUL, "hardware": "host-cpu", "budget": 8}).json()
         assert (hit["cache"], hit["id"]) == ("hit", decision["id"])
+
+
+def test_the_dashboard_shows_iree_default_time_when_the_service_kept_it() -> None:
+    block = {"default_cpu_s": 0.002, "chosen": 0, "kept": "iree_default", "top": 2,
+             "candidates": [{"plan_hash": "a", "cpu_s": 0.003}, {"plan_hash": "b", "cpu_s": 0.004}]}
+    shown = measured_of({"measured": block})
+    assert shown is not None and shown.latency_s == 0.002 and shown.speedup_vs_iree == 1.0
+    kept_plan = measured_of({"measured": block | {"kept": "candidate", "default_cpu_s": 0.006}})
+    assert kept_plan is not None and kept_plan.latency_s == 0.003 and kept_plan.speedup_vs_iree == 2.0

@@ -207,7 +207,9 @@ class TilingService:
             parts = decisions.DecisionKeyParts(**{**parts.as_dict(), "objective": f"{request.objective}+fresh:{uuid.uuid4().hex}"})
         key = decisions.decision_key(parts)
         search_limit = long.limit_s if long else limit
-        seconds = min(request.seconds or search_limit * 0.8, search_limit * 0.8)
+        # A measuring search leaves half the limit to IREE's compiles and timed runs after it.
+        cap = search_limit * (0.4 if request.measure_top else 0.8)
+        seconds = min(request.seconds or cap, cap)
         effort = decisions.Effort(request.strategy, request.budget, seconds, request.measure_top)
         done = self._done.get(key)
         if done is not None and decisions.effort_covers(done.effort, effort):
