@@ -46,13 +46,15 @@ class TilesearchClient:
         shape_hints: dict[str, list[int] | str] | None = None,
         buckets: dict[str, list[int]] | None = None,
         reuse: bool = True,
+        measure_top: int = 0,
     ) -> DecisionOut:
-        """The decision for `module` (stored, or searched now). 503s are retried after Retry-After."""
+        """The decision for `module` (stored, or searched now). 503s are retried after Retry-After.
+        `measure_top` K: the server times the K best plans with IREE on its CPU (host-cpu only)."""
         body = {
             "module": module,
             "hardware": hardware.model_dump(mode="json") if isinstance(hardware, HardwareModel) else hardware,
             "budget": budget, "seconds": seconds, "strategy": strategy, "seed": seed,
-            "shape_hints": shape_hints, "buckets": buckets, "reuse": reuse,
+            "shape_hints": shape_hints, "buckets": buckets, "reuse": reuse, "measure_top": measure_top,
         }
         for attempt in range(self.retries_when_busy + 1):
             response = self._http.post("/v1/tilings", json=body)

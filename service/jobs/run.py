@@ -79,7 +79,8 @@ def begin_item(rt: JobRuntime, item_id: int) -> ItemRun | None:
         try:
             request = TilingRequest(module=item.module, hardware=job.hardware, budget=options["budget"],
                                     seconds=options.get("seconds"), strategy=options["strategy"],
-                                    seed=options["seed"], shape_hints=item.shape_hints, reuse=options["reuse"])
+                                    seed=options["seed"], shape_hints=item.shape_hints, reuse=options["reuse"],
+                                    measure_top=options.get("measure_top", 0))
         except ValueError as exc:
             jobs.finish_item(session, item_id, run_owner, ItemState.FAILED, error=f"invalid item: {exc}")
             return None

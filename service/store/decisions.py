@@ -28,6 +28,11 @@ otherwise the caller takes a refinement lease on the done row (``REFINE``): the 
 and keeps answering smaller requests while the refinement runs, and ``complete_decision``
 replaces the plan (when the caller found a better one) and merges the effort.
 
+Measurement is effort too: a search that timed its K best plans with IREE (``measure_top``)
+records K, and covers a request for K or fewer measured plans, as well as any request for
+predicted plans only (a measured choice is at least as good as a predicted one). A decision
+chosen by prediction never covers a request that asks for measurement.
+
 Leases are short and renewed (``renew_lease``) by the owner while it works, so a dead owner's
 key is taken over within about one lease.
 """
@@ -90,35 +95,44 @@ def decision_key(parts: DecisionKeyParts) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Effort:
-    """How hard a search tries: its strategy, budget (plans) and time limit (seconds)."""
+    """How hard a search tries: its strategy, budget (plans) and time limit (seconds), and how
+    many of its best plans it measured with IREE (0: its choice is predicted)."""
 
     strategy: str
     budget: int
     seconds: float
+    measure_top: int = 0
 
 
 def effort_covers(stored: dict[str, Any] | None, wanted: Effort) -> bool:
     """Whether the searches recorded in ``stored`` (a decision's effort column) tried at least
     as hard as ``wanted``: same strategy, no smaller budget, and no shorter time limit unless
-    that search spent its whole budget (then more time would not have changed it)."""
+    that search spent its whole budget (then more time would not have changed it), and at least
+    as many plans measured (none asked: any)."""
     entry = (stored or {}).get(wanted.strategy)
     if not entry:
         return False
-    return entry["budget"] >= wanted.budget and (entry.get("complete") or entry["seconds"] >= wanted.seconds)
+    return (entry["budget"] >= wanted.budget and (entry.get("complete") or entry["seconds"] >= wanted.seconds)
+            and entry.get("measure_top", 0) >= wanted.measure_top)
 
 
 def merged_effort(stored: dict[str, Any] | None, done: Effort, complete: bool) -> dict[str, Any]:
-    """The effort column after a search with effort ``done`` (complete: it spent its budget)."""
+    """The effort column after a search with effort ``done`` (complete: it spent its budget).
+    Measurement is per strategy, the largest K measured (absent: none)."""
     out = dict(stored or {})
     old = out.get(done.strategy)
     if old is None:
-        out[done.strategy] = {"budget": done.budget, "seconds": done.seconds, "complete": complete}
+        entry = {"budget": done.budget, "seconds": done.seconds, "complete": complete}
     else:
-        out[done.strategy] = {
+        entry = {
             "budget": max(old["budget"], done.budget),
             "seconds": max(old["seconds"], done.seconds),
             "complete": complete if done.budget >= old["budget"] else bool(old.get("complete")),
         }
+    measure_top = max((old or {}).get("measure_top", 0), done.measure_top)
+    if measure_top:
+        entry["measure_top"] = measure_top
+    out[done.strategy] = entry
     return out
 
 

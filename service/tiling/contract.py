@@ -102,6 +102,9 @@ class SearchTask(_Contract):
     # died): its trials are numbered after the kept ones, and it starts from their best plan.
     trial_offset: int = Field(default=0, ge=0)
     resume_plan: Plan | None = None
+    # Time the K plans predicted fastest and IREE's default with IREE on this machine, and keep
+    # the fastest measured (IREE's own config when its default wins). 0: prediction only.
+    measure_top: int = Field(default=0, ge=0)
 
 
 class AnchorCompilationInfo(_Contract):
@@ -133,6 +136,21 @@ class GroupBest(_Contract):
     latency_s: float
 
 
+class PlanMeasurement(_Contract):
+    """One IREE timing the search took (a top plan or IREE's default), as the store keeps it."""
+
+    plan_hash: str
+    role: Literal["candidate", "default"]
+    ok: bool
+    median_s: float | None = None
+    samples_s: list[float] = Field(default_factory=list)
+    cpu_median_s: float | None = None
+    cpu_samples_s: list[float] = Field(default_factory=list)
+    config: list[dict[str, Any]] = Field(default_factory=list, description="forced configs, or IREE's own for the default")
+    error: str | None = None
+    iree_version: str
+
+
 class SearchStats(_Contract):
     """How the search went; stored on the decision as `search_stats`."""
 
@@ -146,6 +164,12 @@ class SearchStats(_Contract):
     warnings: list[str]
     dispatch: list[dict[str, Any]] | None
     buckets: list[dict[str, Any]] | None
+    # "measured" when IREE timings picked the plan (see `measured`), else "predicted".
+    chosen_by: Literal["measured", "predicted"] = "predicted"
+    # The measurement block (service.search.refine.Refinement.summary) plus `top` (K) and `kept`:
+    # "candidate" (a measured plan), "iree_default" (IREE's own config measured fastest) or
+    # "predicted" (nothing could be measured; `not_measurable` says why). None: not measured.
+    measured: dict[str, Any] | None = None
 
 
 class Realisation(_Contract):
@@ -168,6 +192,7 @@ class SearchOutcome(_Contract):
     trials: list[TrialOutcome]
     group_bests: list[GroupBest]
     stats: SearchStats
+    measurements: list[PlanMeasurement] = Field(default_factory=list)
 
 
 # --------------------------------------------------------------------------- long searches

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from service.hardware.model import HardwareModel
 from service.search.shapes import parse_shape_hints
@@ -26,6 +26,7 @@ MAX_RANK = 8
 MAX_HINTS = 64
 MAX_BUCKET_NAMES = 8
 MAX_BUCKET_VALUES = 32
+MAX_MEASURE_TOP = 16  # each one an IREE compile (about a second) and timed runs
 
 # The API answers while the client waits, within the request timeout (60 s by default): 64
 # plans take seconds. `tilesearch tune` runs on the user's own machine with no such limit and
@@ -61,6 +62,10 @@ class TilingRequest(BaseModel):
     reuse: bool = Field(default=True, strict=True,
                         description="serve a stored decision / warm-start from stored groups")
     objective: Literal["latency"] = "latency"
+    measure_top: int = Field(default=0, ge=0, le=MAX_MEASURE_TOP, strict=True,
+                             description="time the K plans predicted fastest and IREE's default with IREE on the "
+                                         "server's CPU (hardware host-cpu only) and keep the fastest measured; "
+                                         "0: the predicted best. search_stats.chosen_by says which")
 
     @field_validator("shape_hints")
     @classmethod
@@ -93,3 +98,9 @@ class TilingRequest(BaseModel):
         for name, values in buckets.items():
             _check_dims(f"bucket {name}", values)
         return buckets
+
+    @model_validator(mode="after")
+    def _measures_one_shape(self) -> "TilingRequest":
+        if self.measure_top and self.buckets:
+            raise ValueError("measure_top measures one shape: give shape_hints instead of buckets")
+        return self

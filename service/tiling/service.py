@@ -6,6 +6,10 @@
               stored texts came from another text of the same structure)
       refine: the stored decision tried less hard than asked: search again from its plan,
               keep the better one and record the effort
+    measure_top K: the search also times its K best plans and IREE's default with IREE on this
+    machine (the sandbox worker) and keeps the fastest measured; every timing is stored in
+    `measurements`. A measured decision answers later predicted requests; a predicted one
+    does not answer a measuring request (it is refined by measuring)
       miss:   warm-start plans from group records -> search + realise (sandbox) -> store
 
 Plain library code: the API, the CLI and workers call `TilingService.decide`.
@@ -38,12 +42,12 @@ from service.ir.plan import Plan
 from service.ir.sandbox import Sandbox, result_of
 from service.search.errors import SearchInputError
 from service.search.space import SPACE_VERSION
-from service.store import catalog, decisions, searches
+from service.store import catalog, decisions, measurements, searches
 from service.store.db import session_scope
 from service.store.models import Decision, DecisionStatus
 
 from .capacity import ByteBoundedCache, LeaseHeartbeat, WorkQueue
-from .contract import ModuleAnalysis, Realisation, SearchObserver, SearchOutcome, SearchStopped, SearchTask, WarmStart
+from .contract import ModuleAnalysis, PlanMeasurement, Realisation, SearchObserver, SearchOutcome, SearchStopped, SearchTask, WarmStart
 from .errors import PoolSaturated, TilingFailed
 from .hardware import HardwareCatalog
 from .request import TilingRequest
@@ -104,6 +108,33 @@ def _latency(cost: dict[str, Any] | None) -> float:
     return float(value) if value is not None else float("inf")
 
 
+def _chosen_by_measurement(search_stats: dict[str, Any] | None) -> bool:
+    return (search_stats or {}).get("chosen_by") == "measured"
+
+
+def _replaces(outcome: SearchOutcome, stored: Decision) -> bool:
+    """Whether a refinement's outcome replaces the stored plan: a measured choice always (it
+    was asked for, and it measured the stored plan's rivals on this machine); never an
+    unmeasured one over a measured one (measurement beats prediction); otherwise a lower
+    predicted latency, or a measuring attempt that could time nothing (its search_stats say why)."""
+    if outcome.stats.chosen_by == "measured":
+        return True
+    if _chosen_by_measurement(stored.search_stats):
+        return False
+    return outcome.stats.measured is not None or _latency(outcome.predicted) < _latency(stored.predicted_cost)
+
+
+def _save_measurements(session: Session, timings: list[PlanMeasurement], hardware_hash: str, decision_id: int) -> None:
+    """Every IREE timing the search took, for the host's fidelity (the dashboard) and calibration."""
+    for m in timings:
+        measurements.save_measurement(
+            session, plan_hash=m.plan_hash, hardware_hash=hardware_hash, ok=m.ok, median_s=m.median_s,
+            samples=m.samples_s, error=m.error, iree_version=m.iree_version, decision_id=decision_id,
+            config={"role": m.role, "lowering_configs": m.config, "cpu_median_s": m.cpu_median_s,
+                    "cpu_samples_s": m.cpu_samples_s},
+        )
+
+
 class TilingService:
     """Decisions for requests, shared across threads of one process (the sandbox is its pool)."""
 
@@ -155,6 +186,8 @@ class TilingService:
         check_text(request.module)  # before any worker: a lone surrogate, NUL, deep nesting
         text_key = normalised_key(request.module)
         hardware = self.hardware.resolve(request.hardware)
+        if request.measure_top:
+            self._check_measurable_here(hardware)
         limit = self.settings.request_timeout_s
         analysis = self._analyse(request.module, text_key, timeout=limit)
         if request.shape_hints or request.buckets:
@@ -174,8 +207,10 @@ class TilingService:
             parts = decisions.DecisionKeyParts(**{**parts.as_dict(), "objective": f"{request.objective}+fresh:{uuid.uuid4().hex}"})
         key = decisions.decision_key(parts)
         search_limit = long.limit_s if long else limit
-        seconds = min(request.seconds or search_limit * 0.8, search_limit * 0.8)
-        effort = decisions.Effort(request.strategy, request.budget, seconds)
+        # A measuring search leaves half the limit to IREE's compiles and timed runs after it.
+        cap = search_limit * (0.4 if request.measure_top else 0.8)
+        seconds = min(request.seconds or cap, cap)
+        effort = decisions.Effort(request.strategy, request.budget, seconds, request.measure_top)
         done = self._done.get(key)
         if done is not None and decisions.effort_covers(done.effort, effort):
             return self._hit(done, request, text_key, hardware, timings, t0)
@@ -212,6 +247,7 @@ class TilingService:
                     warm_plans=[Plan.model_validate(stored.plan)] if refining and stored.plan else [],
                     trial_offset=kept.next_number if kept else 0,
                     resume_plan=Plan.model_validate(kept.best_plan) if resuming and kept.best_plan else None,
+                    measure_top=request.measure_top,
                 )
                 t1 = time.perf_counter()
                 observer = long.observer(stored.id) if long else None
@@ -257,7 +293,7 @@ class TilingService:
         realised = outcome.realised
         stats = outcome.stats.model_dump() | {"cache": cache, "warm_start_groups": [w.signature for w in warm]}
         refining = claimed.status == DecisionStatus.DONE
-        better = not refining or _latency(outcome.predicted) < _latency(claimed.predicted_cost)
+        better = not refining or _replaces(outcome, claimed)
         new_effort = decisions.merged_effort(claimed.effort if refining else None, effort, outcome.stats.complete)
         result = decisions.DecisionResult(
             plan=outcome.plan.model_dump(),
@@ -283,6 +319,7 @@ class TilingService:
                 self._done.put(key, decision)
             searches.save_trials(session, claimed.id, [
                 searches.TrialRecord(**t.model_dump()) for t in outcome.trials])
+            _save_measurements(session, outcome.measurements, hardware.content_hash(), claimed.id)
             for best in outcome.group_bests:
                 searches.record_group_best(session, signature=best.signature, hardware_hash=hardware.content_hash(),
                                            plan=best.plan.model_dump(mode="json"), latency_s=best.latency_s,
@@ -290,6 +327,14 @@ class TilingService:
         if decision is None:
             raise TilingFailed("DecisionVanished", f"decision {claimed.id} is gone from the store")
         return decision
+
+    def _check_measurable_here(self, hardware: HardwareModel) -> None:
+        """A measurement times IREE on this machine: it means something only for this host's
+        hardware profile (host-cpu), so another hardware with measure_top is refused."""
+        host = self.hardware.resolve("host-cpu")
+        if hardware.content_hash() != host.content_hash():
+            raise SearchInputError(f"measure_top times plans with IREE on this server's CPU, which is host-cpu; "
+                                   f"hardware {hardware.name!r} is another machine: drop measure_top or ask for host-cpu")
 
     def _run(self, fn: Callable[..., T], *args: object, timeout: float) -> T:
         """fn(*args) in a sandbox worker, after waiting in the bounded queue (PoolSaturated when

@@ -13,7 +13,9 @@ from service.measure.lowering import CONFIGURABLE_KINDS, compilation_info_text, 
 from service.measure.tools import host_translation_info
 from service.measure.tuning_spec import spec_for_plan
 from service.search.candidate import Evaluation
+from service.measure.timing import Measurement
 from service.search.engine import tune
+from service.search.refine import Refinement, refine, with_measured_choice
 from service.search.results import TuneResult
 from service.search.shapes import check_shapes, parse_buckets, parse_shape_hints
 
@@ -24,6 +26,7 @@ from .contract import (
     GroupSite,
     ModuleAnalysis,
     OpSummary,
+    PlanMeasurement,
     Realisation,
     SearchObserver,
     SearchOutcome,
@@ -113,7 +116,10 @@ def _group_bests(graph: OpGraph, plan: Plan, result: TuneResult) -> list[GroupBe
 
 
 def _stats(result: TuneResult) -> SearchStats:
+    measured = result.measured
     return SearchStats(
+        chosen_by="measured" if measured is not None and measured["kept"] != "predicted" else "predicted",
+        measured=measured,
         strategy=result.strategy,
         budget=result.budget,
         seed=result.seed,
@@ -125,6 +131,41 @@ def _stats(result: TuneResult) -> SearchStats:
         dispatch=result.dispatch,
         buckets=[b.model_dump() for b in result.buckets] if result.buckets else None,
     )
+
+
+def _plan_measurement(plan_hash: str, role: str, m: Measurement) -> PlanMeasurement:
+    return PlanMeasurement(plan_hash=plan_hash, role=role, ok=m.ok, median_s=m.median_s, samples_s=m.samples_s,
+                           cpu_median_s=m.cpu_median_s, cpu_samples_s=m.cpu_samples_s,
+                           config=[c.model_dump(mode="json") for c in m.config], error=m.error,
+                           iree_version=m.iree_version)
+
+
+def _iree_default_fastest(refinement: Refinement) -> bool:
+    """IREE's default measured no slower (CPU time per call) than the fastest measured plan."""
+    if refinement.chosen is None or refinement.default is None or not refinement.default.ok:
+        return False
+    default, chosen = refinement.default.cpu_median_s, refinement.candidates[refinement.chosen].measured.cpu_median_s
+    return default is not None and chosen is not None and default <= chosen
+
+
+def measured_choice(source: str, result: TuneResult, k: int) -> tuple[TuneResult, list[PlanMeasurement]]:
+    """Time the k plans predicted fastest and IREE's default on this machine (the `tune
+    --measure-top` refinement) and answer with the fastest measured; when IREE's default is
+    fastest, with the untiled plan (IREE keeps its own config). Also every timing taken."""
+    refinement = refine(source, result, k)
+    chosen = with_measured_choice(result, refinement)
+    kept = "candidate" if refinement.chosen is not None else "predicted"
+    if _iree_default_fastest(refinement):
+        untiled = next(t for t in result.trials if t.source == "untiled")
+        kept = "iree_default"
+        chosen = chosen.model_copy(update={"plan": {"groups": []}, "plan_hash": Plan().plan_hash(),
+                                           "predicted": untiled.cost or {"latency_s": untiled.latency_s},
+                                           "feasible": untiled.feasible})
+    chosen = chosen.model_copy(update={"measured": (chosen.measured or {}) | {"top": k, "kept": kept}})
+    timings = [_plan_measurement(c.plan_hash, "candidate", c.measured) for c in refinement.candidates]
+    if refinement.default is not None:
+        timings.append(_plan_measurement(Plan().plan_hash(), "default", refinement.default))
+    return chosen, timings
 
 
 def search_and_realise(source: str, task: SearchTask, observer: SearchObserver | None = None) -> SearchOutcome:
@@ -151,6 +192,9 @@ def search_and_realise(source: str, task: SearchTask, observer: SearchObserver |
         warm_start_plans=warm or None,
         on_trials=_TrialStream(observer, task.trial_offset) if observer is not None else None,
     )
+    measurements: list[PlanMeasurement] = []
+    if task.measure_top:
+        result, measurements = measured_choice(source, result, task.measure_top)
     plan = Plan.model_validate(result.plan)
     translation_info = _translation_info_for(hardware=task.hardware)
     return SearchOutcome(
@@ -163,6 +207,7 @@ def search_and_realise(source: str, task: SearchTask, observer: SearchObserver |
         trials=_trials(result, task.trial_offset),
         group_bests=_group_bests(graph, plan, result),
         stats=_stats(result),
+        measurements=measurements,
     )
 
 

@@ -104,6 +104,8 @@ def measured_of(search_stats: dict | None) -> Measured | None:
     chosen = block.get("chosen")
     latency = candidates[chosen].get("cpu_s") if chosen is not None and 0 <= chosen < len(candidates) else None
     default = block.get("default_cpu_s")
+    if block.get("kept") == "iree_default":  # the service kept IREE's own config: that is the answer's time
+        latency = default
     return Measured(
         latency_s=latency,
         iree_default_s=default,
