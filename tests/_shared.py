@@ -98,6 +98,19 @@ func.func @f(%a: tensor<1024x1024xf32>, %b: tensor<1024x1024xf32>) -> tensor<102
 }"""
 
 
+# A 64x64x64 matmul: small enough for IREE to compile and time in about a second.
+TINY_MATMUL = """
+func.func @mm(%a: tensor<64x64xf32>, %b: tensor<64x64xf32>) -> tensor<64x64xf32> {
+  %zero = arith.constant 0.0 : f32
+  %init = tensor.empty() : tensor<64x64xf32>
+  %acc = linalg.fill ins(%zero : f32) outs(%init : tensor<64x64xf32>) -> tensor<64x64xf32>
+  %mm = linalg.matmul ins(%a, %b : tensor<64x64xf32>, tensor<64x64xf32>)
+                      outs(%acc : tensor<64x64xf32>) -> tensor<64x64xf32>
+  return %mm : tensor<64x64xf32>
+}
+"""
+
+
 def write_cpu_sysfs(root: Path, caches: list[tuple[int, str, str, str, str | None]], cpuinfo: str) -> tuple[Path, Path]:
     """A fake /sys/devices/system/cpu/cpu0 and /proc/cpuinfo under root, for detect_host_cpu:
     caches are (level, type, size, shared_cpu_list, ways or None), lines of 64 B."""

@@ -21,10 +21,13 @@ from sqlalchemy.pool import NullPool
 
 from _shared import REFERENCE_HOST_CACHES, REFERENCE_HOST_CPUINFO, write_cpu_sysfs
 
+from service.config import Settings
 from service.hardware.model import HardwareModel
 from service.hardware.profiles import detect_host_cpu, get_profile, save_profile
+from service.ir.sandbox import Sandbox
 from service.store import migrate
 from service.store.db import make_engine, make_sessionmaker, normalize_url
+from service.tiling.service import TilingService
 
 DEFAULT_TEST_PG_URL = "postgresql+psycopg://postgres:postgres@127.0.0.1:5432/tilesearch_test"
 
@@ -110,3 +113,17 @@ def engine(migrated_url: str) -> Iterator[Engine]:
 @pytest.fixture
 def sessions(engine: Engine) -> sessionmaker[Session]:
     return make_sessionmaker(engine)
+
+
+@pytest.fixture(scope="module")
+def sandbox() -> Iterator[Sandbox]:
+    """Two MLIR worker processes for the tiling-service tests of one module."""
+    with Sandbox(workers=2) as sb:
+        yield sb
+
+
+@pytest.fixture
+def service(sessions: sessionmaker[Session], migrated_url: str, sandbox: Sandbox) -> TilingService:
+    """A TilingService on the migrated test database (SQLite or PostgreSQL)."""
+    return TilingService(sessions, sandbox, Settings(database_url=migrated_url, request_timeout_s=60))
+

@@ -20,7 +20,6 @@ from service.config import Settings
 from service.ir.errors import InvalidTextError, ModuleTooLargeError, NestingTooDeepError
 from service.ir.lexical import MAX_NESTING, check_text, normalised_key
 from service.ir.parse import parse_module
-from service.ir.sandbox import Sandbox
 from service.store import decisions
 from service.store.models import Decision, Trial
 from service.tiling.capacity import ByteBoundedCache, WorkQueue
@@ -34,17 +33,6 @@ MATMUL_RESPELLED = (MATMUL.replace("// Square", "// a comment of another user\n/
                     .replace("%acc", "%accumulator").replace("%a", "%lhs").replace("  %", "    %"))
 # The same structure under another function name: the same decision, answered in its own names.
 MATMUL_RENAMED = MATMUL.replace("@matmul_1024", "@tenant_b_kernel")
-
-
-@pytest.fixture(scope="module")
-def sandbox():
-    with Sandbox(workers=2) as sb:
-        yield sb
-
-
-@pytest.fixture
-def service(sessions, migrated_url, sandbox) -> TilingService:
-    return TilingService(sessions, sandbox, Settings(database_url=migrated_url, request_timeout_s=60))
 
 
 def _count(sessions, model) -> int:

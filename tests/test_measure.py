@@ -23,20 +23,10 @@ from service.measure.lowering import (
 from service.measure.timing import BenchSettings, measure_plan, measure_plan_and_default
 from service.measure.tools import chosen_translation_infos, host_translation_info
 
-from _shared import WORKLOADS
+from _shared import TINY_MATMUL, WORKLOADS
 
 MATMUL_ITERS = ["parallel", "parallel", "reduction"]
 
-TINY_MATMUL = """
-func.func @mm(%a: tensor<64x64xf32>, %b: tensor<64x64xf32>) -> tensor<64x64xf32> {
-  %zero = arith.constant 0.0 : f32
-  %init = tensor.empty() : tensor<64x64xf32>
-  %acc = linalg.fill ins(%zero : f32) outs(%init : tensor<64x64xf32>) -> tensor<64x64xf32>
-  %mm = linalg.matmul ins(%a, %b : tensor<64x64xf32>, tensor<64x64xf32>)
-                      outs(%acc : tensor<64x64xf32>) -> tensor<64x64xf32>
-  return %mm : tensor<64x64xf32>
-}
-"""
 
 FAST = BenchSettings(repetitions=3, min_time_s=0.02, compile_timeout_s=120, bench_timeout_s=60)
 

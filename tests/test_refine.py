@@ -14,16 +14,8 @@ from service.search.refine import MeasuredPlan, Refinement, top_plans, with_meas
 from service.measure.timing import Measurement
 from service.search.engine import tune
 
-TINY_MATMUL = """
-func.func @mm(%a: tensor<64x64xf32>, %b: tensor<64x64xf32>) -> tensor<64x64xf32> {
-  %zero = arith.constant 0.0 : f32
-  %init = tensor.empty() : tensor<64x64xf32>
-  %acc = linalg.fill ins(%zero : f32) outs(%init : tensor<64x64xf32>) -> tensor<64x64xf32>
-  %mm = linalg.matmul ins(%a, %b : tensor<64x64xf32>, tensor<64x64xf32>)
-                      outs(%acc : tensor<64x64xf32>) -> tensor<64x64xf32>
-  return %mm : tensor<64x64xf32>
-}
-"""
+from _shared import TINY_MATMUL
+
 
 
 def _tiny_tune(budget: int = 16):

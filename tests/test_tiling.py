@@ -8,23 +8,10 @@ import pytest
 from sqlalchemy import event, func, select
 
 from _shared import workload
-from service.config import Settings
 from service.ir.errors import MLIRSyntaxError
-from service.ir.sandbox import Sandbox
 from service.measure.tools import host_translation_info
 from service.store.models import Decision, DecisionStatus, GroupRecord, Trial
-from service.tiling.service import TilingRequest, TilingService
-
-
-@pytest.fixture(scope="module")
-def sandbox():
-    with Sandbox(workers=2) as sb:
-        yield sb
-
-
-@pytest.fixture
-def service(sessions, migrated_url, sandbox) -> TilingService:
-    return TilingService(sessions, sandbox, Settings(database_url=migrated_url, request_timeout_s=60))
+from service.tiling.service import TilingRequest
 
 
 def _count(sessions, model) -> int:
