@@ -61,6 +61,7 @@ def _decision(session, n: int, *, fingerprint: str, hardware_hash: str, cache: s
         baseline={"latency_s": baseline, "feasible": True, "bound_by": "L2"} if status == DecisionStatus.DONE else None,
         transform_script=f"// script {n} <&>", tiled_module=f"// tiled {n}", search_stats=stats,
         compilation_info={"0": {"op": "linalg.generic", "compilation_info": "#iree_codegen.compilation_info<x>", "honoured_by_iree": True}},
+        tuning_spec=f"module {{ // spec {n} <&> }}",
         origin_map={"0": {"name": "linalg.generic", "copies": [{"loops": ["g0.l0"], "escapes": True}], "fused": False, "outside": False}},
         created_at=created or datetime.now(UTC),
     )
@@ -180,6 +181,7 @@ def test_decision_detail_shows_costs_trials_measurements_and_artifacts(seeded):
                      "Tile sizes per level", "forall", "footprint vs capacity", 'class="bar over"',
                      "Transform script", "IREE compilation_info", "Tiled IR", "Origin map", "g0.l0",
                      "#iree_codegen.compilation_info&lt;x&gt;", 'data-copy-target="tiled-ir"', "chosen",
+                     "IREE tuning spec", "// spec ", " &lt;&amp;&gt; }", 'data-copy-target="tuning-spec"',
                      "5 trials stored, 4 feasible plotted, 1 infeasible"):
             assert text in html, text
         charts = json.loads(re.search(r'id="charts-data">(.*?)</script>', html, re.S).group(1))

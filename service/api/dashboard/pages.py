@@ -291,7 +291,7 @@ def decision_page(decision_id: int, request: Request, session: DbSession) -> HTM
         "pairs": pairs,
         "pairs_json": views.fidelity(pairs).chart_json(),
         "origin": views.origin_rows(row.origin_map),
-        "tuning_spec": views.tuning_spec_text(row.compilation_info),
+        "compilation_infos": views.compilation_info_text(row.compilation_info),
         "stats": row.search_stats or {},
         "baseline": row.baseline or {},
     })

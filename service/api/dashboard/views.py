@@ -306,7 +306,7 @@ def origin_rows(origin_map: dict | None) -> list[OriginRow]:
     return rows
 
 
-def tuning_spec_text(compilation_info: dict | None) -> str:
+def compilation_info_text(compilation_info: dict | None) -> str:
     """The per-op IREE compilation_info attributes, one `uid op: attribute` block each."""
     lines = []
     for uid, entry in sorted((compilation_info or {}).items(), key=lambda item: int(item[0])):
