@@ -16,6 +16,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from service.hardware.profiles import UnknownHardwareError
 from service.ir.errors import IRError, ModuleTooLargeError
 from service.ir.sandbox import IRCrashError, IRTimeoutError
+from service.jobs.service import JobNotFound
 from service.search.errors import SearchInputError
 from service.store.query import InvalidCursor
 from service.tiling.errors import PoolSaturated, TilingFailed
@@ -41,6 +42,10 @@ def _ir_error(_request: Request, exc: IRError) -> JSONResponse:
 
 def _unknown_hardware(_request: Request, exc: UnknownHardwareError) -> JSONResponse:
     return error_response(404, "UnknownHardware", str(exc), known=exc.known)
+
+
+def _job_not_found(_request: Request, exc: JobNotFound) -> JSONResponse:
+    return error_response(404, "NotFound", str(exc))
 
 
 def _pool_saturated(_request: Request, exc: PoolSaturated) -> JSONResponse:
@@ -88,6 +93,7 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(DataError, _unstorable_value)
     app.add_exception_handler(IRError, _ir_error)
     app.add_exception_handler(UnknownHardwareError, _unknown_hardware)
+    app.add_exception_handler(JobNotFound, _job_not_found)
     app.add_exception_handler(PoolSaturated, _pool_saturated)
     app.add_exception_handler(InvalidCursor, _invalid_cursor)
     app.add_exception_handler(SearchInputError, _search_input)

@@ -11,7 +11,7 @@ from fastapi.responses import PlainTextResponse
 from service.api.deps import DbSession, TokenAuth
 from service.api.job_schemas import ItemOut, ItemPage, JobAccepted, JobOut, JobPage, JobRequest, counts
 from service.api.schemas import ErrorBody
-from service.jobs.service import JobNotFound, JobService, NoSpecYet
+from service.jobs.service import JobService, NoSpecYet
 from service.model_tuning.tune import ModelInputError
 from service.store import jobs
 from service.store.models import ItemState
@@ -27,10 +27,6 @@ _ERRORS = {404: {"model": ErrorBody, "description": "unknown job or hardware"},
 
 def _service(request: Request) -> JobService:
     return request.app.state.jobs
-
-
-def _not_found(exc: JobNotFound) -> HTTPException:
-    return HTTPException(404, {"error": "NotFound", "message": str(exc)})
 
 
 @router.post("", status_code=202, response_model=JobAccepted, responses=_ERRORS)
@@ -57,10 +53,7 @@ def list_jobs(
 
 @router.get("/{job_id}", response_model=JobOut, responses=_ERRORS)
 def get_job(job_id: int, request: Request, session: DbSession) -> JobOut:
-    try:
-        summary = _service(request).summary(job_id)
-    except JobNotFound as exc:
-        raise _not_found(exc) from None
+    summary = _service(request).summary(job_id)
     first, next_cursor = jobs.list_items(session, job_id, limit=_FIRST_ITEMS)
     return JobOut.from_summary(summary, first, next_cursor)
 
@@ -74,10 +67,7 @@ def list_items(
     limit: Annotated[int, Query(ge=1, le=MAX_PAGE_SIZE)] = 100,
     cursor: Annotated[str | None, Query(pattern=_CURSOR, max_length=200)] = None,
 ) -> ItemPage:
-    try:
-        _service(request).summary(job_id)
-    except JobNotFound as exc:
-        raise _not_found(exc) from None
+    _service(request).summary(job_id)
     rows, next_cursor = jobs.list_items(session, job_id, limit=limit, cursor=cursor, state=state)
     return ItemPage(items=[ItemOut.from_row(r) for r in rows], next_cursor=next_cursor)
 
@@ -85,10 +75,7 @@ def list_items(
 @router.post("/{job_id}/cancel", response_model=JobOut, responses=_ERRORS)
 def cancel_job(job_id: int, request: Request, session: DbSession) -> JobOut:
     """Queued items are cancelled, running ones stop within seconds; finished results stay."""
-    try:
-        summary = _service(request).cancel(job_id)
-    except JobNotFound as exc:
-        raise _not_found(exc) from None
+    summary = _service(request).cancel(job_id)
     first, next_cursor = jobs.list_items(session, job_id, limit=_FIRST_ITEMS)
     return JobOut.from_summary(summary, first, next_cursor)
 
@@ -96,10 +83,7 @@ def cancel_job(job_id: int, request: Request, session: DbSession) -> JobOut:
 @router.post("/{job_id}/retry", response_model=JobOut, responses=_ERRORS)
 def retry_job(job_id: int, request: Request, session: DbSession) -> JobOut:
     """Queue the failed items again (only those); a cancelled job stays cancelled."""
-    try:
-        summary = _service(request).retry(job_id)
-    except JobNotFound as exc:
-        raise _not_found(exc) from None
+    summary = _service(request).retry(job_id)
     first, next_cursor = jobs.list_items(session, job_id, limit=_FIRST_ITEMS)
     return JobOut.from_summary(summary, first, next_cursor)
 
@@ -110,8 +94,6 @@ def job_spec(job_id: int, request: Request) -> PlainTextResponse:
     """The IREE tuning spec merging the done items' configs (`iree-compile --iree-codegen-tuning-spec-path=`)."""
     try:
         spec = _service(request).spec(job_id)
-    except JobNotFound as exc:
-        raise _not_found(exc) from None
     except NoSpecYet as exc:
         raise HTTPException(409, {"error": "NoSpecYet", "message": str(exc)}) from None
     return PlainTextResponse(spec, media_type="text/plain")
