@@ -42,5 +42,5 @@ def merged_spec(items: list[tuple[str, dict]], host_cpu: bool) -> str | None:
         for group in plan.get("groups", []):
             m = contraction_matcher(graph.op(group["anchor"]), group["levels"], f"item_{len(matchers)}", translation)
             if m is not None:
-                matchers.setdefault((m.lhs_type, m.rhs_type, m.output_type, m.indexing_maps, m.sizes), m)
+                matchers.setdefault(m.matched, m)
     return tuning_spec(list(matchers.values())) if matchers else None

@@ -19,7 +19,7 @@ from service.ir.graph import OpGraph, TileableOp
 from service.ir.plan import Plan
 from service.ir.mlir import context, ir
 
-from .lowering import compilation_info_text, lowering_config_from_levels
+from .lowering import compilation_info_text, lowering_config_from_levels, lowering_config_text
 
 
 @dataclass(frozen=True)
@@ -43,6 +43,12 @@ class ContractionMatcher:
     indexing_maps: tuple[str, ...]  # affine_map<...> text, lhs, rhs, output
     sizes: ContractionDims  # the loop extents of each dim group, in IREE's order
     compilation_info: str  # #iree_codegen.compilation_info<...> text
+    lowering_config: str = ""  # the #iree_cpu.lowering_config<...> inside it, as IREE's dumps show it
+
+    @property
+    def matched(self) -> tuple:
+        """What the matcher checks: two matchers with the same match the same ops."""
+        return self.lhs_type, self.rhs_type, self.output_type, self.indexing_maps, self.sizes
 
 
 def affine_map_attribute(map_text: str) -> str:
@@ -83,6 +89,7 @@ def contraction_matcher(op: TileableOp, levels: list, name: str, translation_inf
         indexing_maps=tuple(op.indexing_maps),
         sizes=ContractionDims(extent(dims.batch), extent(dims.m), extent(dims.n), extent(dims.k)),
         compilation_info=compilation_info_text(config, translation_info),
+        lowering_config=lowering_config_text(config),
     )
 
 
@@ -112,7 +119,7 @@ def spec_for_plan(graph: OpGraph, plan: Plan, translation_info: str | None = Non
         m = contraction_matcher(graph.op(group.anchor), [lv.model_dump() for lv in group.levels], f"op_{group.anchor}",
                                 translation_info)
         if m is not None:
-            matchers.setdefault((m.lhs_type, m.rhs_type, m.output_type, m.indexing_maps, m.sizes), m)
+            matchers.setdefault(m.matched, m)
     return tuning_spec(list(matchers.values())) if matchers else None
 
 

@@ -13,6 +13,7 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from service.ir.graph import walk_ops
 from service.ir.mlir import context, ir
 
 from .forcing import ArgumentSpec, write_inputs
@@ -43,15 +44,7 @@ def compile_model(model: Path, vmfb: Path, configs_dir: Path, spec: Path | None 
 
 
 def _walk(op: ir.Operation, keep) -> list[ir.Operation]:
-    found = []
-
-    def visit(o: ir.Operation) -> ir.WalkResult:
-        if keep(o):
-            found.append(o)
-        return ir.WalkResult.ADVANCE
-
-    op.walk(visit)
-    return found
+    return [o for o in walk_ops(op) if keep(o)]
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,6 @@ from service.ir.dispatch import Dispatch, dispatches_of
 from service.ir.errors import IRError
 from service.ir.graph import OpGraph, TileableOp
 from service.measure.forcing import write_inputs
-from service.measure.lowering import lowering_config_from_levels, lowering_config_text
 from service.measure.tools import ToolFailure, host_translation_info
 from service.measure.tuning_spec import ContractionMatcher, contraction_matcher, tuning_spec
 from service.measure.whole_model import (
@@ -160,15 +159,9 @@ def _root_group(candidate: _Candidate) -> dict | None:
     return None
 
 
-def _matcher(candidate: _Candidate, name: str, translation_info: str | None) -> tuple[ContractionMatcher, str] | None:
+def _matcher(candidate: _Candidate, name: str, translation_info: str | None) -> ContractionMatcher | None:
     group = _root_group(candidate)
-    if group is None:
-        return None
-    matcher = contraction_matcher(candidate.root, group["levels"], name, translation_info)
-    if matcher is None:
-        return None
-    config = lowering_config_from_levels(group["levels"], candidate.root.iterator_types, anchor=candidate.root.name)
-    return matcher, lowering_config_text(config)
+    return None if group is None else contraction_matcher(candidate.root, group["levels"], name, translation_info)
 
 
 def _structured_index(candidate: _Candidate) -> int:
@@ -269,7 +262,7 @@ def tune_model(model: Path, hardware: HardwareModel, spec_out: Path, *, budget: 
             if measure_top and c.result is not None and c.plan:
                 _measure_top(c, measure_top)
         translation = host_translation_info() if hardware.name == "host-cpu" else None
-        matchers: dict[tuple, tuple[ContractionMatcher, str]] = {}
+        matchers: dict[tuple, ContractionMatcher] = {}
         tuned: dict[str, tuple[_Candidate, str]] = {}
         by_name = {r.name: r for r in reports}
         ranked = sorted(candidates, key=lambda c: -(c.dispatch.weight * (c.latency_s or 0.0)))
@@ -279,23 +272,21 @@ def tune_model(model: Path, hardware: HardwareModel, spec_out: Path, *, budget: 
             if c.measured is not None and c.plan is None:
                 report.reason = c.measured
                 continue
-            built = _matcher(c, f"dispatch_{len(matchers)}", translation)
-            if built is None:
+            matcher = _matcher(c, f"dispatch_{len(matchers)}", translation)
+            if matcher is None:
                 report.reason = "the best plan found leaves the root untiled: IREE's own config is kept"
                 continue
-            matcher, config_text = built
-            key = (matcher.lhs_type, matcher.rhs_type, matcher.output_type, matcher.indexing_maps, matcher.sizes)
-            if key in matchers:
-                matcher, config_text = matchers[key]
+            if matcher.matched in matchers:
+                matcher = matchers[matcher.matched]
                 report.reason = f"same root as a heavier dispatch: gets its config ({matcher.name})"
             else:
-                matchers[key] = (matcher, config_text)
+                matchers[matcher.matched] = matcher
             report.tuned, report.config = True, matcher.compilation_info
             if c.measured and report.reason is None:
                 report.reason = c.measured
-            tuned[c.dispatch.entry] = (c, config_text)
+            tuned[c.dispatch.entry] = (c, matcher.lowering_config)
         if matchers:
-            spec_out.write_text(tuning_spec([m for m, _ in matchers.values()]))
+            spec_out.write_text(tuning_spec(list(matchers.values())))
         problems = _verify(model, spec_out, tuned, reports, workdir) if verify and tuned else []
         if problems:
             raise SpecNotApplied("the tuning spec was not applied as written:\n  " + "\n  ".join(problems))
