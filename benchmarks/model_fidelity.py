@@ -1,22 +1,21 @@
-"""How well does the cost model rank real tilings? Measured (IREE on this CPU) vs predicted.
+"""How well does the cost model rank tilings of shapes it was never tuned on? The broad corpus.
 
-For every contraction / convolution workload in the workloads dir: >= 20 plans IREE accepts,
-spanning bad to good, each measured and predicted. Each plan is timed in alternating rounds with
-IREE's default. The machine is shared (2 cores, several people), so by default the time compared
-is process CPU time per worker thread, which moves far less with other load than wall time
-(--timing wall: wall medians normalized by the paired default). Measurements are cached in
-var/measure, so a rerun only re-predicts.
-Per workload: Spearman rho and Kendall tau between predicted and measured latency, top-1 regret
-(measured latency of the model's pick / best measured), and the model's pick vs IREE's default.
+The corpus (fidelity_corpus.py): contraction shapes from public model configurations, each with
+a fixed grid of 18 IREE CPU configs plus IREE's own default, measured on this CPU with
+fidelity_measure.py (cached per host in benchmarks/measurements/). The model ranks the measured
+configs of each shape; per shape: Spearman rho between predicted and measured time, and top-1
+regret (measured time of the model's pick / best measured - 1). Figures are reported per shape
+class and half; the held-out half was fixed (by a hash of the names) before any model change,
+and the targets are read on it.
 
-Predictions come from the cost model under three hardware models:
-- nominal: the host-cpu profile's figures, no calibration;
-- held-out: calibration fitted on the OTHER workloads' measurements (the honest number);
-- profile: the saved profile as loaded by get_profile (calibrated in-sample if calibrated here).
+Models compared:
+- nominal: the host-cpu profile as shipped, no calibration;
+- calibrated: calibration factors fitted (calibration_fit.fit_profile) on the tune half only.
 
-Convolutions are listed as not measurable: IREE 3.13 drops a forced compilation_info on them.
+--search also runs the search (TPE, --budget plans) on each held-out shape and measures its
+pick against IREE's default, paired in alternating rounds (cached like the grid).
 
-    python benchmarks/model_fidelity.py [--workloads DIR] [--plans 20] [--hardware host-cpu]
+    python benchmarks/model_fidelity.py [--measure] [--search] [--budget 200] [--details]
 """
 
 from __future__ import annotations
@@ -30,127 +29,124 @@ from pathlib import Path
 from scipy import stats
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from fidelity_corpus import Shape, corpus, module_text  # noqa: E402
+from fidelity_measure import SETTINGS, ShapeMeasurements, host_cache, measure_shape  # noqa: E402
 
 from service.hardware.model import Calibration, HardwareModel  # noqa: E402
 from service.hardware.profiles import get_profile  # noqa: E402
-from service.measure.cache import MeasurementCache  # noqa: E402
+from service.measure.cache import MeasurementCache, host_key, measurement_key  # noqa: E402
 from service.measure.calibration_fit import Predictor, fit_profile, with_calibration  # noqa: E402
-from service.measure.calibration_plans import (  # noqa: E402
-    MAX_VECTOR_ELEMENTS,
-    ContractionWorkload,
-    iree_config_of,
-    load_contraction_workloads,
-    max_vector_elements,
-    sample_plans,
-)
-from service.measure.calibration_samples import TIMINGS, Sample, finish_samples, paired_sample  # noqa: E402
-from service.measure.timing import BenchSettings  # noqa: E402
+from service.measure.calibration_samples import Sample  # noqa: E402
+from service.measure.forcing import NotMeasurable  # noqa: E402
+from service.measure.timing import cpu_per_core_s, measure_plans_and_default  # noqa: E402
+from service.search.engine import tune  # noqa: E402
 
-SETTINGS = BenchSettings(repetitions=3, min_time_s=0.05)  # same as calibrate: shares the cache
-# (3 alternating rounds of plan / IREE default per plan)
+CLASSES = ("M<=32", "square-ish", "tall-skinny", "batched")
 
 
-def measured_samples(w: ContractionWorkload, want: int, cache: MeasurementCache, timing: str, log,
-                     seed: int = 0, max_elements: int = MAX_VECTOR_ELEMENTS) -> list[Sample]:
-    """`want` plans that IREE compiled and ran, each timed paired with IREE's default (samples
-    more when some fail)."""
-    samples: list[Sample] = []
-    for plan in sample_plans(w, want + 8, seed, max_elements):
-        if len([s for s in samples if s.raw_s]) >= want:
-            break
-        s = paired_sample(w, plan, SETTINGS, cache, timing)
-        samples.append(s)
-        c = iree_config_of(w, plan)
-        log(f"  {w.name} {c.distribution} {c.vector_common_parallel} {c.vector_reduction}: "
-            + (f"{s.raw_s * 1e3:.2f} ms, default {s.default_s * 1e3:.2f} ms" if s.raw_s else f"failed {s.error}"))
-    return finish_samples(samples, timing)
+def samples_of(r: ShapeMeasurements) -> list[Sample]:
+    """The shape's measured configs (the grid's, then IREE's default) as calibration samples."""
+    out = [Sample(workload=r.shape.name, plan=p, measured_s=t) for p, t in zip(r.plans, r.measured_s) if t]
+    if r.default_plan is not None and r.default_s:
+        out.append(Sample(workload=r.shape.name, plan=r.default_plan, measured_s=r.default_s))
+    return out
 
 
-def ranking(samples: list[Sample], predicted: list[float], default_s: float | None) -> dict:
+def ranking(samples: list[Sample], predicted: list[float]) -> dict:
     measured = [s.measured_s for s in samples]
-    pick = min(range(len(samples)), key=lambda i: predicted[i])
-    best = min(measured)
     finite = [(p, m) for p, m in zip(predicted, measured) if math.isfinite(p)]
     rho = stats.spearmanr(*zip(*finite)).statistic if len(finite) >= 3 else float("nan")
-    tau = stats.kendalltau(*zip(*finite)).statistic if len(finite) >= 3 else float("nan")
-    return {
-        "rho": rho,
-        "tau": tau,
-        "regret": measured[pick] / best - 1.0,
-        "pick_s": measured[pick],
-        "best_s": best,
-        "pick_vs_default": (default_s / measured[pick]) if default_s else None,
-        "pick_plan": samples[pick].plan,
-    }
+    pick = min(range(len(samples)), key=lambda i: predicted[i])
+    return {"rho": float(rho), "regret": measured[pick] / min(measured) - 1.0, "pick": pick}
+
+
+def median(xs) -> float:
+    xs = [x for x in xs if not math.isnan(x)]
+    return statistics.median(xs) if xs else float("nan")
+
+
+def search_vs_default(s: Shape, hardware: HardwareModel, budget: int, cache: MeasurementCache) -> float | None:
+    """IREE's default time / the search's pick's time, measured paired (None: not measurable)."""
+    text = module_text(s)
+    result = tune(text, hardware, budget=budget, seed=0, workers=1)
+    plan = result.plan
+    key = measurement_key(text, {"search_pick": plan}, SETTINGS)
+    forced, default = cache.get(key), cache.get(key + ":default")
+    if forced is None or default is None:
+        try:
+            (forced,), default = measure_plans_and_default(text, [plan], settings=SETTINGS)
+        except NotMeasurable:
+            return None
+        cache.put(key, forced)
+        cache.put(key + ":default", default)
+    f, d = cpu_per_core_s(forced), cpu_per_core_s(default)
+    return d / f if f and d else None
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--workloads", type=Path, default=Path(__file__).resolve().parents[2] / "shared" / "workloads")
-    ap.add_argument("--plans", type=int, default=20)
-    ap.add_argument("--seed", type=int, default=0,
-                    help="which plans to sample: another seed measures plans the model was not tuned on")
-    ap.add_argument("--hardware", default="host-cpu")
-    ap.add_argument("--timing", choices=TIMINGS, default="cpu",
-                    help="cpu: CPU time per worker thread (robust to other load); wall: wall time "
-                         "normalized by the paired IREE default")
-    ap.add_argument("--quiet", action="store_true")
+    ap.add_argument("--measure", action="store_true", help="measure shapes missing from this host's cache")
+    ap.add_argument("--search", action="store_true", help="measure the search's pick on held-out shapes")
+    ap.add_argument("--budget", type=int, default=200)
+    ap.add_argument("--details", action="store_true", help="a row per shape")
     args = ap.parse_args()
-    log = (lambda _: None) if args.quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
 
-    workloads, skipped = load_contraction_workloads(args.workloads)
-    cache = MeasurementCache()
-    profile = get_profile(args.hardware)
-    nominal: HardwareModel = with_calibration(profile, Calibration())
-
-    samples: dict[str, list[Sample]] = {}
-    defaults: dict[str, float | None] = {}
-    for w in workloads:
-        log(f"measuring {w.name}")
-        samples[w.name] = [s for s in measured_samples(w, args.plans, cache, args.timing, log, args.seed,
-                                                       max_vector_elements(profile)) if s.measured_s]
-        # IREE's default: the median of its timings paired with each plan (same load as them).
-        paired = [s.default_s for s in samples[w.name] if s.default_s]
-        defaults[w.name] = statistics.median(paired) if paired else None
-
-    predictor = Predictor(workloads)
-    all_samples = [s for ss in samples.values() for s in ss]
-    models: dict[str, dict[str, HardwareModel]] = {}
-    for w in workloads:
-        others = [s for s in all_samples if s.workload != w.name]
-        held_out = fit_profile(others, predictor, nominal) if others else nominal
-        models[w.name] = {"nominal": nominal, "held-out": held_out, "profile": profile}
+    cache = host_cache()
+    results = [r for r in (measure_shape(s, cache, measure=args.measure) for s in corpus()) if r is not None]
+    missing = len(corpus()) - len(results)
+    profile = get_profile("host-cpu")
+    nominal = with_calibration(profile, Calibration())
+    predictor = Predictor([r.workload for r in results])
+    samples = {r.shape.name: samples_of(r) for r in results}
+    tune_samples = [x for r in results if r.shape.half == "tune" for x in samples[r.shape.name]]
+    models = {"nominal": nominal, "calibrated": fit_profile(tune_samples, predictor, nominal)}
 
     rows = []
-    for w in workloads:
-        ss = samples[w.name]
-        for label, hw in models[w.name].items():
-            predicted = [predictor.latency_s(s.workload, s.plan, hw) for s in ss]
-            rows.append((w.name, label, len(ss), ranking(ss, predicted, defaults[w.name]), defaults[w.name]))
+    for r in results:
+        ss = samples[r.shape.name]
+        if len(ss) < 3:
+            continue
+        for label, hw in models.items():
+            predicted = [predictor.latency_s(x.workload, x.plan, hw) for x in ss]
+            rows.append((r, label, ranking(ss, predicted), ss))
 
-    print(f"timing: {args.timing}; IREE default = median of its runs paired with the plans\n")
-    print("| workload | model | plans | Spearman rho | Kendall tau | top-1 regret | model's pick | best measured | IREE default | pick vs default |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
-    for name, label, n, r, default_s in rows:
-        vs = f"{r['pick_vs_default']:.2f}x" if r["pick_vs_default"] else "n/a"
-        dflt = f"{default_s * 1e3:.2f} ms" if default_s else "failed"
-        print(f"| {name} | {label} | {n} | {r['rho']:.2f} | {r['tau']:.2f} | {r['regret'] * 100:.0f}% | "
-              f"{r['pick_s'] * 1e3:.2f} ms | {r['best_s'] * 1e3:.2f} ms | {dflt} | {vs} |")
-    for name, why in skipped.items():
-        if "convolution" in why or "dynamic" in why:
-            print(f"| {name} | - | 0 | not measurable: {why} | | | | | | |")
-    for label in ("nominal", "held-out", "profile"):
-        chosen = [r for _, lab, _, r, _ in rows if lab == label]
-        if chosen:
-            rhos = [r["rho"] for r in chosen if not math.isnan(r["rho"])]
-            print(f"\n{label}: median rho {statistics.median(rhos):.2f}, "
-                  f"median regret {statistics.median(r['regret'] for r in chosen) * 100:.0f}%", end="")
-    print()
-    for w in workloads:
-        r = next(r for name, lab, _, r, _ in rows if name == w.name and lab == "held-out")
-        c = iree_config_of(w, r["pick_plan"])
-        print(f"{w.name}: held-out model picks dist={c.distribution} vec={c.vector_common_parallel} "
-              f"red={c.vector_reduction}")
+    print(f"host {host_key()}; {len(results)} shapes measured ({missing} not in the cache), "
+          f"{sum(len(v) for v in samples.values())} configs\n")
+    print("| model | half | class | shapes | median rho | median top-1 regret |")
+    print("|---|---|---|---|---|---|")
+    for label in models:
+        for half in ("held-out", "tune"):
+            for cls in (*CLASSES, "all"):
+                chosen = [x for r, lab, x, _ in rows if lab == label and r.shape.half == half
+                          and (cls == "all" or r.shape.shape_class == cls)]
+                if chosen:
+                    print(f"| {label} | {half} | {cls} | {len(chosen)} | {median(x['rho'] for x in chosen):.2f} | "
+                          f"{median(x['regret'] for x in chosen) * 100:.0f}% |")
+    if args.details:
+        print("\n| shape | class | half | model | configs | rho | regret | pick | best | IREE default |")
+        print("|---|---|---|---|---|---|---|---|---|---|")
+        for r, label, x, ss in rows:
+            print(f"| {r.shape.name} | {r.shape.shape_class} | {r.shape.half} | {label} | {len(ss)} | {x['rho']:.2f} | "
+                  f"{x['regret'] * 100:.0f}% | {ss[x['pick']].measured_s * 1e3:.3f} ms | "
+                  f"{min(s.measured_s for s in ss) * 1e3:.3f} ms | "
+                  + (f"{r.default_s * 1e3:.3f} ms |" if r.default_s else "failed |"))
+    if args.search:
+        print("\n| held-out shape | class | search pick vs IREE default (measured) |")
+        print("|---|---|---|")
+        ratios = []
+        for r in results:
+            if r.shape.half != "held-out":
+                continue
+            ratio = search_vs_default(r.shape, profile, args.budget, cache)
+            if ratio:
+                ratios.append(ratio)
+            print(f"| {r.shape.name} | {r.shape.shape_class} | " + (f"{ratio:.2f}x |" if ratio else "not measurable |"),
+                  flush=True)
+        if ratios:
+            print(f"\nsearch pick vs default: geomean {math.exp(statistics.fmean(map(math.log, ratios))):.2f}x, "
+                  f"min {min(ratios):.2f}x over {len(ratios)} held-out shapes")
 
 
 if __name__ == "__main__":

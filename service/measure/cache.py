@@ -1,4 +1,5 @@
 """On-disk cache of measurements, so calibration and the fidelity benchmark share their runs.
+One file per host (host_key): a timing is a fact about one CPU.
 
 Keyed by what determines a timing: the module text, the forced plan (or none: IREE's default)
 and the translation_info it is forced with, the IREE version and the benchmark settings. One
@@ -14,10 +15,24 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from .timing import BenchSettings, Measurement
-from .tools import host_translation_info, iree_version
+from service.hardware.profiles import read_cpuinfo, vector_width_from_flags
 
-DEFAULT_CACHE_PATH = Path("./var/measure/measurements.jsonl")
+from .timing import BenchSettings, Measurement
+from .tools import benchmark_threads, host_translation_info, iree_version
+
+
+def host_key(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """Which CPU a measurement was taken on, as a file-name-safe key: vendor, family/model,
+    vector ISA and the benchmark's thread count. Two sessions on the same kind of CPU share it;
+    a Zen 4 never reads a Xeon's timings."""
+    vendor, flags, family_model = read_cpuinfo(cpuinfo)
+    family, model = family_model if family_model else ("x", "x")
+    isa = {64: "avx512", 32: "avx2", 16: "sse"}[vector_width_from_flags(flags)]
+    return f"{vendor or 'unknown'}-f{family}-m{model}-{isa}-{benchmark_threads()}t"
+
+
+def default_cache_path() -> Path:
+    return Path("./var/measure") / f"{host_key()}.jsonl"
 
 
 def measurement_key(module_text: str, plan: Any | None, settings: BenchSettings) -> str:
@@ -42,7 +57,7 @@ def measurement_key(module_text: str, plan: Any | None, settings: BenchSettings)
 class MeasurementCache:
     """A JSON-lines file of {key, measurement}; `path=None` keeps it in memory only."""
 
-    def __init__(self, path: Path | None = DEFAULT_CACHE_PATH):
+    def __init__(self, path: Path | None):
         self.path = path
         self._entries: dict[str, Measurement] = {}
         if path is not None and path.exists():
@@ -52,6 +67,10 @@ class MeasurementCache:
                     self._entries[row["key"]] = Measurement.model_validate(row["measurement"])
                 except (ValueError, KeyError):
                     continue  # a torn last line from an interrupted run
+
+    @classmethod
+    def for_this_host(cls) -> MeasurementCache:
+        return cls(default_cache_path())
 
     def get(self, key: str) -> Measurement | None:
         return self._entries.get(key)

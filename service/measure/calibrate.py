@@ -117,7 +117,7 @@ def calibrate(
     workloads, skipped = load_contraction_workloads(workloads_dir)
     if not workloads:
         raise ValueError(f"no measurable contraction workloads in {workloads_dir} (skipped: {skipped})")
-    cache = cache if cache is not None else MeasurementCache()
+    cache = cache if cache is not None else MeasurementCache.for_this_host()
     samples = measure_samples(workloads, plans_per_workload, settings, cache, progress, timing,
                               max_vector_elements(hardware))
     predictor = Predictor(workloads)

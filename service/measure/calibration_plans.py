@@ -77,11 +77,23 @@ def load_contraction_workloads(directory: Path) -> tuple[list[ContractionWorkloa
         if op.dynamic_dims or any(r is None for r in op.loop_ranges):
             skipped[path.stem] = "dynamic dims: calibration samples static shapes (measure one at a shape with tilesearch measure --shape-hint)"
             continue
-        found.append(
-            ContractionWorkload(path.stem, text, anchors[0], list(op.loop_ranges),
-                                list(op.iterator_types), dispatch_members(graph, anchors[0]))
-        )
+        found.append(_workload(path.stem, text, graph, anchors[0]))
     return found, skipped
+
+
+def _workload(name: str, text: str, graph: Any, anchor: int) -> ContractionWorkload:
+    op = graph.op(anchor)
+    return ContractionWorkload(name, text, anchor, list(op.loop_ranges), list(op.iterator_types),
+                               dispatch_members(graph, anchor))
+
+
+def contraction_workload(name: str, text: str) -> ContractionWorkload:
+    """The workload of a module with exactly one static contraction (ValueError otherwise)."""
+    graph = build_graph(tag_tileable_ops(parse_module(text)))
+    anchors = [u for u, op in graph.ops.items() if op.kind == "contraction"]
+    if len(anchors) != 1 or any(r is None for r in graph.op(anchors[0]).loop_ranges):
+        raise ValueError(f"{name}: wants one static contraction, found {len(anchors)}")
+    return _workload(name, text, graph, anchors[0])
 
 
 def _mn_dims(w: ContractionWorkload) -> tuple[int, int]:

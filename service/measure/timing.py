@@ -88,7 +88,10 @@ class _Compiled:
     failure: Measurement | None = None
 
 
-def _compile(prepared: ForcedModule, workdir: Path, tag: str, settings: BenchSettings) -> _Compiled:
+def _compile(prepared: ForcedModule, workdir: Path, tag: str, settings: BenchSettings,
+             dropped_fails: bool = False) -> _Compiled:
+    """Compile one module. A forced config IREE silently replaced raises NotMeasurable, or with
+    `dropped_fails` becomes this module's failure (one plan among several is not the caller's error)."""
     mlir_path = workdir / f"{tag}.mlir"
     vmfb_path = workdir / f"{tag}.vmfb"
     configs_dir = workdir / f"{tag}_configs"
@@ -106,10 +109,12 @@ def _compile(prepared: ForcedModule, workdir: Path, tag: str, settings: BenchSet
     for config in prepared.configs:
         wanted = lowering_config_text(config)
         if wanted not in chosen:
-            raise NotMeasurable(
-                f"IREE did not keep the forced config {wanted} on {config.anchor}; "
-                f"it used {chosen or 'nothing it reported'}"
-            )
+            reason = (f"IREE did not keep the forced config {wanted} on {config.anchor}; "
+                      f"it used {chosen or 'nothing it reported'}")
+            if not dropped_fails:
+                raise NotMeasurable(reason)
+            failed = Measurement(ok=False, error=reason, config=prepared.configs, iree_version=iree_version())
+            return _Compiled(prepared, vmfb_path, prepared.configs, failed)
     return _Compiled(prepared, vmfb_path, prepared.configs)
 
 
@@ -212,14 +217,15 @@ def measure_plans_and_default(
     shape_hints: Mapping[str, Sequence[int]] | None = None,
 ) -> tuple[list[Measurement], Measurement]:
     """Several forced plans and IREE's default, timed in alternating rounds (A B C default A B
-    C default ...), so that a burst of outside load hits them alike. Raises NotMeasurable."""
+    C default ...), so that a burst of outside load hits them alike. Raises NotMeasurable when
+    the module cannot be forced at all; a plan whose config IREE replaced is a failed Measurement."""
     forced = [force_plan(module_text, plan, shape_hints=shape_hints) for plan in plans]
     if not forced:
         raise ValueError("no plans to measure")
     default = default_module(module_text, forced[0].function, shape_hints)
     with _workdir(keep_dir) as workdir:
         flags = write_inputs(forced[0].arguments, workdir)
-        compiled = [_compile(f, workdir, f"forced{i}", settings) for i, f in enumerate(forced)]
+        compiled = [_compile(f, workdir, f"forced{i}", settings, dropped_fails=True) for i, f in enumerate(forced)]
         compiled.append(_compile(default, workdir, "default", settings))
         *timed, timed_default = _time_rounds(compiled, flags, settings, settings.repetitions)
         return timed, timed_default

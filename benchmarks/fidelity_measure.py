@@ -1,0 +1,106 @@
+"""Measure the broad fidelity corpus (fidelity_corpus.py) on this CPU, cached per host.
+
+Per shape, the grid's forced configs and IREE's default are compiled and timed in alternating
+rounds (service.measure.timing.measure_plans_and_default), CPU time per worker thread. Results
+go to benchmarks/measurements/<host_key>.jsonl, committed: a later session on the same kind of
+CPU reuses them, a different CPU measures its own.
+
+    python benchmarks/fidelity_measure.py [--only NAME_SUBSTRING] [--limit N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from fidelity_corpus import Shape, corpus, grid, module_text  # noqa: E402
+
+from service.hardware.profiles import get_profile  # noqa: E402
+from service.measure.cache import MeasurementCache, host_key, measurement_key  # noqa: E402
+from service.measure.calibration_plans import ContractionWorkload, contraction_workload, plan_for  # noqa: E402
+from service.measure.forcing import NotMeasurable  # noqa: E402
+from service.measure.timing import BenchSettings, Measurement, cpu_per_core_s, measure_plans_and_default  # noqa: E402
+
+SETTINGS = BenchSettings(repetitions=3, min_time_s=0.05)
+CACHE_DIR = Path(__file__).resolve().parent / "measurements"
+
+
+def host_cache() -> MeasurementCache:
+    return MeasurementCache(CACHE_DIR / f"{host_key()}.jsonl")
+
+
+@dataclass
+class ShapeMeasurements:
+    shape: Shape
+    workload: ContractionWorkload
+    plans: list[dict]  # the grid's plans, then IREE's default as a plan (when it maps to one)
+    measured_s: list[float | None]  # CPU time per worker thread; None: IREE rejected it
+    default_s: float | None
+    default_plan: dict | None
+    error: str | None = None
+
+
+def lanes() -> int:
+    return get_profile("host-cpu").compute.vector_width_bytes // 4
+
+
+def measure_shape(s: Shape, cache: MeasurementCache, measure: bool = True) -> ShapeMeasurements | None:
+    """The shape's grid and IREE's default, from the cache or measured now (None: not cached
+    and `measure` is off)."""
+    text = module_text(s)
+    w = contraction_workload(s.name, text)
+    plans = [plan_for(w, *cfg) for cfg in grid(s, lanes())]
+    key = measurement_key(text, {"grid": plans}, SETTINGS)
+    got = [cache.get(f"{key}:{i}") for i in range(len(plans))]
+    default = cache.get(f"{key}:default")
+    if default is None or any(g is None for g in got):
+        if not measure:
+            return None
+        try:
+            got, default = measure_plans_and_default(text, plans, settings=SETTINGS)
+        except NotMeasurable as exc:
+            return ShapeMeasurements(s, w, plans, [None] * len(plans), None, None, exc.reason)
+        for i, m in enumerate(got):
+            cache.put(f"{key}:{i}", m)
+        cache.put(f"{key}:default", default)
+    return ShapeMeasurements(s, w, plans, [cpu_per_core_s(m) for m in got], cpu_per_core_s(default),
+                             _default_plan(w, default), default.error)
+
+
+def _default_plan(w: ContractionWorkload, default: Measurement) -> dict | None:
+    """IREE's chosen config as a three-level plan of ours, so the model can rank it too."""
+    if not default.ok or len(default.config) != 1:
+        return None
+    c = default.config[0]
+    m, n = [i for i, t in enumerate(w.iterator_types) if t == "parallel"][-2:]
+    k = w.iterator_types.index("reduction")
+    return plan_for(w, (c.distribution[m], c.distribution[n]),
+                    (c.vector_common_parallel[m], c.vector_common_parallel[n]), c.vector_reduction[k])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--only", default="", help="shapes whose name contains this")
+    ap.add_argument("--limit", type=int, default=None)
+    args = ap.parse_args()
+    cache = host_cache()
+    shapes = [s for s in corpus() if args.only in s.name][: args.limit]
+    print(f"host {host_key()}: {len(shapes)} shapes -> {cache.path}", file=sys.stderr)
+    for i, s in enumerate(shapes):
+        t0 = time.monotonic()
+        r = measure_shape(s, cache)
+        ok = [t for t in r.measured_s if t]
+        best = f"best {min(ok) * 1e3:.2f} ms" if ok else "none ran"
+        dflt = f"default {r.default_s * 1e3:.2f} ms" if r.default_s else f"default failed: {r.error}"
+        print(f"[{i + 1}/{len(shapes)}] {s.name}: {len(ok)}/{len(r.plans)} ran, {best}, {dflt} "
+              f"({time.monotonic() - t0:.0f} s)", file=sys.stderr, flush=True)
+
+
+if __name__ == "__main__":
+    main()

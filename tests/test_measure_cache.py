@@ -1,0 +1,35 @@
+"""The measurement cache: one file per kind of CPU, appends survive a torn last line."""
+
+from pathlib import Path
+
+from service.measure.cache import MeasurementCache, host_key
+from service.measure.timing import Measurement
+
+
+def _cpuinfo(tmp_path: Path, name: str, vendor: str, family: int, model: int, flags: str) -> Path:
+    path = tmp_path / name
+    path.write_text(f"processor\t: 0\nvendor_id\t: {vendor}\ncpu family\t: {family}\nmodel\t\t: {model}\n"
+                    f"flags\t\t: {flags}\n")
+    return path
+
+
+def test_host_key_tells_cpus_apart_and_is_stable_for_one(tmp_path):
+    zen4 = _cpuinfo(tmp_path, "zen4", "AuthenticAMD", 25, 17, "fpu sse avx avx2 avx512f")
+    zen3 = _cpuinfo(tmp_path, "zen3", "AuthenticAMD", 25, 1, "fpu sse avx avx2")
+    xeon = _cpuinfo(tmp_path, "xeon", "GenuineIntel", 6, 106, "fpu sse avx avx2 avx512f")
+    keys = {host_key(p) for p in (zen4, zen3, xeon)}
+    assert len(keys) == 3
+    assert host_key(zen4) == host_key(_cpuinfo(tmp_path, "zen4b", "AuthenticAMD", 25, 17, "avx512f avx2 sse"))
+    assert "f25-m17" in host_key(zen4) and "avx512" in host_key(zen4) and "/" not in host_key(zen4)
+
+
+def test_cache_round_trips_through_its_file_and_skips_a_torn_line(tmp_path):
+    path = tmp_path / "host.jsonl"
+    cache = MeasurementCache(path)
+    m = Measurement(ok=True, median_s=0.5, samples_s=[0.5], cpu_median_s=1.0, cpu_samples_s=[1.0], iree_version="x")
+    cache.put("k1", m)
+    with path.open("a") as f:
+        f.write('{"key": "k2", "measurement": {"ok": tr')  # interrupted mid-write
+    again = MeasurementCache(path)
+    assert again.get("k1") == m and again.get("k2") is None
+    assert MeasurementCache(None).get("k1") is None  # memory only: nothing read or written
