@@ -1,7 +1,15 @@
 """Measure the broad fidelity corpus (fidelity_corpus.py) on this CPU, cached per host.
 
 Per shape, the grid's forced configs and IREE's default are compiled and timed in alternating
-rounds (service.measure.timing.measure_plans_and_default), CPU time per worker thread. Results
+rounds (service.measure.timing.measure_plans_and_default); both wall and CPU time are kept.
+Two readings (TIMING):
+- cpu (default): process CPU time per worker thread. It moves least with other processes'
+  load, but hides idle threads: 3 workgroups on 2 cores read 1.3-1.5x faster than their wall
+  time here, so it flatters unbalanced distributions.
+- wall: each plan's wall time relative to IREE's default in the same round (median of the
+  per-round ratios), put back in seconds with the default's fastest round. What a user sees,
+  and what the model predicts, but only as good as the machine is quiet.
+Results
 go to benchmarks/measurements/<host_key>.jsonl, committed: a later session on the same kind of
 CPU reuses them, a different CPU measures its own.
 
@@ -11,6 +19,7 @@ CPU reuses them, a different CPU measures its own.
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import time
 from dataclasses import dataclass
@@ -40,7 +49,7 @@ class ShapeMeasurements:
     shape: Shape
     workload: ContractionWorkload
     plans: list[dict]  # the grid's plans, then IREE's default as a plan (when it maps to one)
-    measured_s: list[float | None]  # CPU time per worker thread; None: IREE rejected it
+    measured_s: list[float | None]  # per TIMING; None: IREE rejected it
     default_s: float | None
     default_plan: dict | None
     error: str | None = None
@@ -50,7 +59,11 @@ def lanes() -> int:
     return get_profile("host-cpu").compute.vector_width_bytes // 4
 
 
-def measure_shape(s: Shape, cache: MeasurementCache, measure: bool = True) -> ShapeMeasurements | None:
+TIMINGS = ("cpu", "wall")
+
+
+def measure_shape(s: Shape, cache: MeasurementCache, measure: bool = True,
+                  timing: str = "cpu") -> ShapeMeasurements | None:
     """The shape's grid and IREE's default, from the cache or measured now (None: not cached
     and `measure` is off)."""
     text = module_text(s)
@@ -69,8 +82,18 @@ def measure_shape(s: Shape, cache: MeasurementCache, measure: bool = True) -> Sh
         for i, m in enumerate(got):
             cache.put(f"{key}:{i}", m)
         cache.put(f"{key}:default", default)
-    return ShapeMeasurements(s, w, plans, [cpu_per_core_s(m) for m in got], cpu_per_core_s(default),
+    read = paired_wall_s if timing == "wall" else (lambda m, _: cpu_per_core_s(m))
+    return ShapeMeasurements(s, w, plans, [read(m, default) for m in got], read(default, default),
                              _default_plan(w, default), default.error)
+
+
+def paired_wall_s(m: Measurement, default: Measurement) -> float | None:
+    """The plan's wall time as (median per-round ratio to IREE's default) x the default's fastest
+    round; None when either did not run."""
+    if not (m.ok and default.ok and m.samples_s and len(m.samples_s) == len(default.samples_s)):
+        return None
+    ratios = [a / b for a, b in zip(m.samples_s, default.samples_s)]
+    return statistics.median(ratios) * min(default.samples_s)
 
 
 def _default_plan(w: ContractionWorkload, default: Measurement) -> dict | None:

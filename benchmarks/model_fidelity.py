@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from fidelity_corpus import Shape, corpus, module_text  # noqa: E402
-from fidelity_measure import SETTINGS, ShapeMeasurements, host_cache, measure_shape  # noqa: E402
+from fidelity_measure import SETTINGS, TIMINGS, ShapeMeasurements, host_cache, measure_shape, paired_wall_s  # noqa: E402
 
 from service.hardware.model import Calibration, HardwareModel  # noqa: E402
 from service.hardware.profiles import get_profile  # noqa: E402
@@ -67,7 +67,8 @@ def median(xs) -> float:
     return statistics.median(xs) if xs else float("nan")
 
 
-def search_vs_default(s: Shape, hardware: HardwareModel, budget: int, cache: MeasurementCache) -> float | None:
+def search_vs_default(s: Shape, hardware: HardwareModel, budget: int, cache: MeasurementCache,
+                      timing: str) -> float | None:
     """IREE's default time / the search's pick's time, measured paired (None: not measurable)."""
     text = module_text(s)
     result = tune(text, hardware, budget=budget, seed=0, workers=1)
@@ -81,7 +82,10 @@ def search_vs_default(s: Shape, hardware: HardwareModel, budget: int, cache: Mea
             return None
         cache.put(key, forced)
         cache.put(key + ":default", default)
-    f, d = cpu_per_core_s(forced), cpu_per_core_s(default)
+    if timing == "wall":
+        f, d = paired_wall_s(forced, default), paired_wall_s(default, default)
+    else:
+        f, d = cpu_per_core_s(forced), cpu_per_core_s(default)
     return d / f if f and d else None
 
 
@@ -91,10 +95,11 @@ def main() -> None:
     ap.add_argument("--search", action="store_true", help="measure the search's pick on held-out shapes")
     ap.add_argument("--budget", type=int, default=200)
     ap.add_argument("--details", action="store_true", help="a row per shape")
+    ap.add_argument("--timing", choices=TIMINGS, default="cpu", help="see fidelity_measure.py")
     args = ap.parse_args()
 
     cache = host_cache()
-    results = [r for r in (measure_shape(s, cache, measure=args.measure) for s in corpus()) if r is not None]
+    results = [r for r in (measure_shape(s, cache, measure=args.measure, timing=args.timing) for s in corpus()) if r is not None]
     missing = len(corpus()) - len(results)
     profile = get_profile("host-cpu")
     nominal = with_calibration(profile, Calibration())
@@ -112,7 +117,7 @@ def main() -> None:
             predicted = [predictor.latency_s(x.workload, x.plan, hw) for x in ss]
             rows.append((r, label, ranking(ss, predicted), ss))
 
-    print(f"host {host_key()}; {len(results)} shapes measured ({missing} not in the cache), "
+    print(f"host {host_key()}, timing {args.timing}; {len(results)} shapes measured ({missing} not in the cache), "
           f"{sum(len(v) for v in samples.values())} configs\n")
     print("| model | half | class | shapes | median rho | median top-1 regret |")
     print("|---|---|---|---|---|---|")
@@ -139,7 +144,7 @@ def main() -> None:
         for r in results:
             if r.shape.half != "held-out":
                 continue
-            ratio = search_vs_default(r.shape, profile, args.budget, cache)
+            ratio = search_vs_default(r.shape, profile, args.budget, cache, args.timing)
             if ratio:
                 ratios.append(ratio)
             print(f"| {r.shape.name} | {r.shape.shape_class} | " + (f"{ratio:.2f}x |" if ratio else "not measurable |"),

@@ -360,6 +360,7 @@ class Analyzer:
         c = self._compute(op, node, operands, shapes, ranges, reduction, parallel, operands[-1] if operands else None)
         if reduction and out_dims:
             c.lhs_rows = self._lhs_rows(operands, tensor_maps, ranges, out_dims, len(op.results))
+            c.rhs_k_contiguous = _rhs_k_contiguous(maps, out_dims, n_inputs=len(operands) - len(op.results))
         return c
 
     def _lhs_rows(self, operands, tensor_maps, ranges, out_dims: set[int], n_results: int) -> tuple[tuple[int, int], ...]:
@@ -422,6 +423,18 @@ class Analyzer:
             node=node,
             carried_acc_bytes=self._carried_acc_bytes(op, node) if reduction else 0,
         )
+
+
+def _rhs_k_contiguous(maps, out_dims: set[int], n_inputs: int) -> bool:
+    """Whether the input indexed by the output's innermost dim (B) has a reduction dim innermost."""
+    last = maps[-1].results[-1] if maps and len(maps[-1].results) else None
+    if not isinstance(last, ir.AffineDimExpr):
+        return False
+    for m in maps[:n_inputs]:
+        dims = [e.position for e in m.results if isinstance(e, ir.AffineDimExpr)]
+        if last.position in dims and dims[-1] not in out_dims and len(dims) == len(list(m.results)):
+            return True
+    return False
 
 
 def _normalize_hints(hints: dict[str, object]) -> dict[str, list[int]]:

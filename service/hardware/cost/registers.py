@@ -59,11 +59,48 @@ def microkernel_efficiency(c: Compute, level: int, hw: HardwareModel, acc_trips:
     # where they overflow the register file, or beside accumulators that spill already.
     b_overflows = k > 2 and (needed > regs or regs < acc + k * n_vecs + 1)
     b_tile = _B_TILE_OVERFLOW_EFFICIENCY if b_overflows else 1.0
+    if c.rhs_k_contiguous:
+        b_tile = _transposed_b_overflow(acc, n_vecs, k, hw)
+    # A step lasts as long as its slowest resource, which overlap: the FMA units, the
+    # accumulators' dependency chains, the load ports, and (B stored [n, k]) the shuffle unit.
     pipeline = min(1.0, acc / hw.compute.fma_pipeline_depth)
     loads = min(1.0, acc / (m + n_vecs))
+    issue = min(pipeline, loads, _transpose_efficiency(c, acc, n_vecs, k, hw) if c.rhs_k_contiguous else 1.0)
     rows = hw.compute.register_tile_rows
     tall = min(1.0, rows / m) if rows else 1.0
-    return spill * b_tile * pipeline * loads * tall * _set_conflict_efficiency(c, hw)
+    return spill * b_tile * issue * tall * _set_conflict_efficiency(c, hw)
+
+
+# x86 (AVX2 / AVX-512): a lanes x lanes f32 transpose is lanes * log2(lanes) shuffles (unpck,
+# shuf), read off IREE's code for a B stored [n, k]; one shuffle issues per cycle beside two FMAs.
+_SHUFFLES_PER_CYCLE = 1.0
+_FMAS_PER_CYCLE = 2.0
+# A reduction tile shorter than a vector leaves no vector to load along k: each element of B's
+# tile is loaded and inserted on its own (a scalar load and an insert per element).
+_GATHER_CYCLES_PER_ELEMENT = 2.0
+
+
+def _transpose_efficiency(c: Compute, acc: int, n_vecs: int, k: int, hw: HardwareModel) -> float:
+    """B contiguous along k: per reduction tile, its [n, k] tile is transposed into k rows of n
+    in registers (k >= lanes: log2(lanes) shuffles per vector of B) or gathered element by
+    element (k < lanes). The FMA units wait when that takes longer than the tile's FMAs."""
+    lanes = max(1, hw.compute.vector_width_bytes // c.element_bytes)
+    fma_cycles = acc * k / _FMAS_PER_CYCLE
+    if k >= lanes:
+        b_cycles = n_vecs * k * math.log2(lanes) / _SHUFFLES_PER_CYCLE
+    else:
+        b_cycles = n_vecs * lanes * k * _GATHER_CYCLES_PER_ELEMENT
+    return min(1.0, fma_cycles / b_cycles) if b_cycles else 1.0
+
+
+def _transposed_b_overflow(acc: int, n_vecs: int, k: int, hw: HardwareModel) -> float:
+    """B contiguous along k: the transposed tile, n_vecs x min(k, lanes) vectors, is live beside
+    the accumulators; the share that does not fit the register file goes through the stack
+    twice (store, reload) per step."""
+    regs = hw.compute.vector_registers or 0
+    b_regs = n_vecs * min(k, max(1, hw.compute.vector_width_bytes // 4))
+    free = max(1, regs - acc - 1)
+    return min(1.0, free / b_regs) if b_regs else 1.0
 
 
 # What a spilling register tile pays per output tile, in reduction steps per register past the
