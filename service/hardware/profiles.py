@@ -172,7 +172,7 @@ def detect_host_cpu(
             cores=cores,
             # x86: 32 zmm registers with AVX-512, 16 ymm without.
             vector_registers=32 if vector_width >= 64 else 16,
-            fma_pipeline_depth=_fma_pipeline_depth(vendor, family_model),
+            fma_pipeline_depth=_fma_pipeline_depth(vendor, family_model, avx512="avx512f" in flags),
         ),
         loop_overhead_s=2e-9,
         # The out-of-order core hides most of an innermost loop's bookkeeping, not all: about
@@ -185,16 +185,19 @@ def detect_host_cpu(
     )
 
 
-def _fma_pipeline_depth(vendor: str, family_model: tuple[int, int] | None = None) -> int:
+def _fma_pipeline_depth(vendor: str, family_model: tuple[int, int] | None = None, avx512: bool = False) -> int:
     """Independent accumulators a register tile needs to keep the FMA units busy. Two FMA ports
     of latency 4 need 8 in theory; 12 in practice (8-accumulator tiles run measurably slower
     than 16-accumulator ones on current x86 cores). AMD before Zen 2 (family 23, models below
-    0x30; Hygon's cores are these) has 128-bit FMA units, one ymm FMA a cycle: 8. Unknown
-    vendors and models get 12."""
+    0x30; Hygon's cores are these) has 128-bit FMA units, one ymm FMA a cycle: 8. Zen 4 (family
+    25 with AVX-512) runs a 512-bit FMA as two halves on its two 256-bit pipes, one zmm FMA a
+    cycle: 4 zmm accumulators cover the latency. Unknown vendors and models get 12."""
     if vendor == "HygonGenuine":
         return 8
     if vendor == "AuthenticAMD" and family_model is not None and family_model[0] == 23 and family_model[1] < 0x30:
         return 8
+    if vendor == "AuthenticAMD" and family_model is not None and family_model[0] == 25 and avx512:
+        return 4
     return 12
 
 

@@ -136,7 +136,7 @@ def _level_costs(root: Node, op, an: Analyzer, hw: HardwareModel, band: dict[int
         if i + 1 < len(levels):
             inner = levels[i + 1]
             cap = inner.capacity_bytes / (active if inner.shared else 1)
-            traffic = misses(root, cap, an, fp)
+            traffic = misses(root, cap, an, fp, inner.capacity_bytes if inner.shared else None)
         else:
             traffic = work.inner_traffic
         if i == len(levels) - 2 and not levels[-1].scratchpad and footprint_at_depth[max_depth] > levels[-1].capacity_bytes:
