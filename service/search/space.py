@@ -32,7 +32,8 @@ ANCHOR_KINDS = ("contraction", "convolution", "reduction")
 # 5: shared fills get a copy per reader (service/ir/graph.py), which renumbers the ops after them.
 # 6: a contraction's batch dims get register tiles of 1 (inner_sizes).
 # 7: a contraction's register tile may have 6 rows, which need not divide the rows enclosing them.
-SPACE_VERSION = "search-space/8"
+# 9: a contraction's vector level leaves no long dim untiled (_fit_vector_tile).
+SPACE_VERSION = "search-space/9"
 _ELEMENT_BYTES = {"f64": 8, "i64": 8, "f32": 4, "i32": 4, "f16": 2, "bf16": 2, "i16": 2, "i8": 1, "i1": 1}
 
 
@@ -220,7 +221,18 @@ class GroupSpec:
         enclosing extent, times reduction tiles, 0 = the whole reduction) must stay under the
         hardware limit, so the largest of its extents shrinks until it does. A repair rather
         than a rejection: most raw knob combinations break one of these, and every rejected
-        suggestion costs the sampler a full ask. Returns why no valid plan is near, or None."""
+        suggestion costs the sampler a full ask. Returns why no valid plan is near, or None.
+
+        A contraction's plan with a vector level tiles every long dim there: an untiled (0)
+        register dim longer than its largest choice becomes that choice, since IREE would make
+        the whole extent one vector (a 1x2304 tile, 144 accumulators, measured 5x slower than
+        IREE's default on a Zen 4) that the cost model, seeing no register loop, cannot price."""
+        if self.anchor_kind == "contraction" and (any(inner) or any(red)):
+            for d, choices in self.inner_choices.items():
+                span = outer[d] or self.ranges[d]
+                fitting = [c for c in choices if 0 < c < span and (span % c == 0 or d in self.peeled)]
+                if not inner[d] and fitting and span > max(choices):
+                    inner[d] = max(fitting)
         for d, choices in self.inner_choices.items():
             span = outer[d] or self.ranges[d]
             if inner[d] and (inner[d] >= span or span % inner[d] and d not in self.peeled):

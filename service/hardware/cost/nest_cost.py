@@ -144,7 +144,10 @@ def _level_costs(root: Node, op, an: Analyzer, hw: HardwareModel, band: dict[int
             # from this level with reuse of one vector load per vector FMA only.
             traffic += work.streamed_bytes
         eff = hw.calibration.bandwidth_efficiency.get(lv.name, 1.0)
-        bandwidth = lv.bandwidth_bytes_per_s * eff * (1 if lv.shared else active)
+        # A shared level's bandwidth is the chip's with every core pulling; a core draws only its
+        # share (the misses it keeps in flight), so a nest on fewer cores gets less of it.
+        share = min(1.0, active / hw.compute.cores) if lv.shared else active
+        bandwidth = lv.bandwidth_bytes_per_s * eff * share
         t = traffic / bandwidth
         level_costs.append(LevelCost(name=lv.name, footprint_bytes=int(footprint), traffic_bytes=int(traffic), capacity_bytes=lv.capacity_bytes, time_s=t))
         if lv.scratchpad and footprint_at_depth[depth] > lv.capacity_bytes:
