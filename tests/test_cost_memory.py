@@ -182,4 +182,4 @@ func.func @f(%a: tensor<1x4096xf32>, %b: tensor<4096x4096xf32>) -> tensor<1x4096
             cost = estimate_cost(apply_plan(tagged, matmul_plan(dist, [1, 16], 16)).module, hw)
         return cost.levels[0].time_s
 
-    assert dram_s([0, 4096]) > 1.8 * dram_s([0, 256])
+    assert dram_s([0, 0]) > 1.8 * dram_s([0, 256])
