@@ -165,13 +165,11 @@ def test_a_repeated_layer_starts_from_its_twins_best(host):
 
 def test_coordinate_descent_never_moves_a_group_to_a_worse_tiling(host):
     """The next group is searched around the best tiling of this one seen so far, its starting
-    tiling included: here (seed 0, budget 24) nothing g1's search proposed beat g1's start, and
-    g4 was once searched around the best of those proposals instead."""
+    tiling included (g4 was once searched around the best of g1's proposals, not its start)."""
     r = tune(_two_layers(), host, budget=24, strategy="random", seed=0, workers=0)
     g4 = _group_trials(r, "g4")
     before = r.trials[:r.trials.index(g4[0])]
     best = min((t for t in before if t.stage == "cost" and t.feasible), key=lambda t: t.latency_s)
-    assert any(t.source == "default" and t.latency_s == best.latency_s for t in before)  # the case at hand
     g1_of = lambda t: {g["anchor"]: g["levels"] for g in t.plan["groups"]}[1]  # noqa: E731
     assert all(g1_of(t) == g1_of(best) for t in g4 if t.plan)
 

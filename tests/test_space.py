@@ -125,14 +125,15 @@ def test_starting_knob_values_are_in_the_space(hardware, name):
 
 
 @pytest.mark.parametrize("name, rows", [("matmul_1024", [8]), ("attention_scores", [1, 8])])
-def test_a_contraction_starts_from_register_tiles_of_8_rows_and_2_vectors(host, name, rows):
-    """As IREE picks for its host: 8 rows x 2 vectors at k = 2; the repair of untiled inner
-    levels would give 16x16 at k = 8 (32 ymm accumulators)."""
+def test_a_contraction_starts_from_iree_own_config(host, name, rows):
+    """IREE's CPU default for f32 matmuls (its dumped configs, fidelity corpus): 8 rows x one
+    vector at k = one vector, distribution 64 x 64."""
     (spec,) = build_space(analyze(source(name)).graph, host, {}).groups
     group = spec.to_group(spec.default_params())
     vec = host.compute.vector_width_bytes // 4
-    assert group.levels[1].tile_sizes == [*rows, 2 * vec, 0]
-    assert group.levels[2].tile_sizes == [0] * (len(rows) + 1) + [2]
+    assert group.levels[0].tile_sizes[-3:-1] == [64, 64]
+    assert group.levels[1].tile_sizes == [*rows, vec, 0]
+    assert group.levels[2].tile_sizes == [0] * (len(rows) + 1) + [vec]
 
 
 def test_a_dynamic_dim_is_always_tiled_at_the_outer_level(host):

@@ -42,6 +42,10 @@ TrialsFn = Callable[[list[Evaluation]], None]
 # the strategy proposes.
 _BATCH_SMALL, _BATCH_LARGE, _BATCH_GROWS_AFTER = 8, 16, 64
 _CONVERGED_AFTER = 200  # suggestions in a row without a new plan: the strategy has converged
+# The search answers with its starting plan (IREE-like, or the warm start) unless it predicts a
+# plan faster by more than this: about the cost model's median top-1 regret on the tune half of
+# the broad fidelity corpus (docs/benchmarks.md).
+KEEP_START_MARGIN = 0.10
 
 
 def _batch_size(proposed: int) -> int:
@@ -160,9 +164,19 @@ class _Search:
         if self.strategy != "supertiling" and self.space.groups:
             self.search_groups(warm_by_group)
         search_s = max(time.perf_counter() - t_search, 1e-9)
-        self.best = self.evaluator.rescore(self.best)
+        self.best = self.evaluator.rescore(self._kept_start(self.best))
         baseline_ev = self.evaluator.rescore(baseline_ev)
         return self.result(baseline_ev, untiled_ev, search_s)
+
+    def _kept_start(self, best: Evaluation | None) -> Evaluation | None:
+        """The starting plan (IREE's own config for a contraction, or the warm start) unless the
+        best is predicted faster by more than KEEP_START_MARGIN: within the model's error a
+        move away from a known-good config is a coin toss that can lose."""
+        start = next((t for t in reversed(self.trials) if t.source == "default" and t.stage == "cost"
+                      and t.feasible and t.latency_s is not None), None)
+        if best is None or start is None or best.latency_s is None or not best.feasible:
+            return best
+        return start if best.latency_s * (1 + KEEP_START_MARGIN) > start.latency_s else best
 
     def score_baselines(self) -> tuple[Evaluation, Evaluation]:
         """The super-tiling baseline and the untiled module: always scored, whatever the budget."""
