@@ -26,7 +26,7 @@ from service.hardware.model import Calibration, HardwareModel
 
 from .cache import MeasurementCache
 from .calibration_fit import Predictor, fit_profile, log_errors, with_calibration
-from .calibration_plans import load_contraction_workloads, max_vector_elements
+from .calibration_plans import ContractionWorkload, load_contraction_workloads, max_vector_elements
 from .calibration_samples import Sample, measure_samples
 from .timing import BenchSettings
 
@@ -162,3 +162,23 @@ def format_report(report: CalibrationReport) -> str:
     if report.profile_path:
         lines.append(f"saved {report.profile_path}")
     return "\n".join(lines)
+
+
+def measure_workloads(
+    hardware: HardwareModel,
+    workloads_dir: Path,
+    *,
+    plans_per_workload: int = 12,
+    settings: BenchSettings = BenchSettings(repetitions=3, min_time_s=0.05),
+    cache: MeasurementCache | None = None,
+    progress: Callable[[str], None] = lambda _: None,
+) -> tuple[list[ContractionWorkload], list[Sample], dict[str, str]]:
+    """`tilesearch calibrate`'s timings, for the store: the workloads, each sampled plan timed
+    paired with IREE's default (CPU time per thread), and the workloads skipped with why."""
+    workloads, skipped = load_contraction_workloads(workloads_dir)
+    if not workloads:
+        raise ValueError(f"no measurable contraction workloads in {workloads_dir} (skipped: {skipped})")
+    cache = cache if cache is not None else MeasurementCache.for_this_host()
+    samples = measure_samples(workloads, plans_per_workload, settings, cache, progress, "cpu",
+                              max_vector_elements(hardware))
+    return workloads, samples, skipped
