@@ -392,12 +392,13 @@ def tune_cmd(
             raise _ir_failure(ValueError("--measure-top takes MLIR text, not bytecode"))
         refinement = refine(source, result, measure_top)
         result = with_measured_choice(result, refinement)
-        if sessions is None:
-            typer.echo(f"note: measurements not stored: {store_why}", err=True)
-        elif refinement.candidates:
+        stored = 0
+        if sessions is not None and refinement.candidates:
             with session_scope(sessions) as session:
                 stored = record_refinement(session, source, refinement, hw, shape_hints=result.shape_hints or None)
-            typer.echo(f"stored {stored} measurements for this host's calibration", err=True)
+        if not as_json:  # --json prints JSON only
+            typer.echo(f"stored {stored} measurements for this host's calibration" if sessions is not None
+                       else f"note: measurements not stored: {store_why}", err=True)
     written = write_outputs(result, source, out) if out else []
     if spec_out is not None:
         written.append(_write_spec(source, result.plan, hw, spec_out))
