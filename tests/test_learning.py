@@ -31,7 +31,8 @@ from service.ir.analysis import analyze
 from service.ir.plan import Plan
 from service.measure.calibration_fit import Predictor, with_calibration
 from service.measure.calibration_plans import ContractionWorkload, load_contraction_workloads, sample_plans
-from service.measure.online_fit import ScoreSummary, verdict
+from service.measure.calibration_samples import Sample
+from service.measure.online_fit import ScoreSummary, bounded, module_folds, verdict
 from service.store import calibrations, catalog, measurements, migrate
 from service.store.db import make_engine, make_sessionmaker, session_scope
 from service.store.models import FittedCalibration, Measurement
@@ -187,6 +188,17 @@ def test_the_verdict_needs_a_gain_and_no_loss() -> None:
     assert not verdict(base, ScoreSummary(spearman=0.5, regret=0.1, rmse_log=0.2), 3)[0]  # ranks worse
     assert not verdict(base, ScoreSummary(spearman=0.9, regret=0.3, rmse_log=0.2), 3)[0]  # picks worse
     assert not verdict(base, ScoreSummary(spearman=0.9, regret=0.0, rmse_log=0.2), 2)[0]  # too few modules
+
+
+def test_a_fit_on_many_modules_holds_out_folds_and_bounds_its_samples() -> None:
+    folds = module_folds([f"m{i:02d}" for i in range(12)], 5)
+    assert len(folds) == 5 and sorted(m for fold in folds for m in fold) == [f"m{i:02d}" for i in range(12)]
+    assert module_folds(["a", "b", "c"], 5) == [["a"], ["b"], ["c"]]  # few modules: one at a time
+    samples = [Sample(workload=f"m{i % 4}", plan={"groups": []}, measured_s=float(i + 1)) for i in range(400)]
+    kept = bounded(samples, 40)
+    assert len(kept) == 40 and {s.workload for s in kept} == {"m0", "m1", "m2", "m3"}
+    m0 = [s.measured_s for s in kept if s.workload == "m0"]
+    assert min(m0) == 1.0 and max(m0) == 397.0  # each module's fastest and slowest plans stay
 
 
 # --------------------------------------------------------------------------- decisions

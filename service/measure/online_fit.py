@@ -12,8 +12,9 @@ Fidelity, per module (the search only ever ranks the plans of one module):
   measured, minus 1 (0: the model's pick is the best measured plan);
 - rmse of log(predicted / measured).
 
-The verdict holds each module out in turn: fit on the others (fit_profile, the same fit as
-`tilesearch calibrate`), score the held-out module under that fit and under the base profile.
+The verdict holds modules out (each module in turn up to five, else five folds of modules): fit
+on the others (fit_profile, calibration's fit), score each held-out module under that fit and
+under the base profile; the medians over the held-out modules decide (`verdict`).
 """
 
 from __future__ import annotations
@@ -54,11 +55,14 @@ class StoredModule:
 
 @dataclass(frozen=True)
 class FitSettings:
-    """How hard a fit tries. `register_tiles`: also search the discrete register-tile terms
-    (fit_profile; 15 continuous fits), else the continuous factors alone."""
+    """How hard a fit tries, and what bounds its cost on a large store. `register_tiles`: also
+    search the discrete register-tile terms (fit_profile; 15 continuous fits), else the
+    continuous factors alone."""
 
     max_evals: int = 300
     register_tiles: bool = True
+    max_samples: int = 400  # per fit (bounded): the loss is evaluated over every sample, max_evals times
+    max_folds: int = 5  # held-out folds of modules (leave-one-module-out up to this many modules)
 
 
 class ModuleScore(BaseModel):
@@ -223,31 +227,60 @@ def verdict(base: ScoreSummary, calibrated: ScoreSummary, held_out_modules: int)
     return True, "better on held-out modules: " + ", ".join(gains)
 
 
+def _spread(group: Sequence[Sample], k: int) -> list[Sample]:
+    """At most k of a module's samples, spanning its measured range (fastest and slowest kept)."""
+    if len(group) <= k:
+        return list(group)
+    ordered = sorted(group, key=lambda s: s.measured_s)
+    picks = sorted({round(i * (len(ordered) - 1) / (k - 1)) for i in range(k)})
+    return [ordered[i] for i in picks]
+
+
+def bounded(samples: Sequence[Sample], limit: int) -> list[Sample]:
+    """At most about `limit` samples, the same share from every module (a fit's cost grows with
+    its samples; the modules matter more than many plans of one)."""
+    groups = _by_module(samples)
+    per_module = max(2, limit // max(1, len(groups)))
+    return [s for _, group in sorted(groups.items()) for s in _spread(group, per_module)]
+
+
+def module_folds(modules: Sequence[str], folds: int) -> list[list[str]]:
+    """Modules dealt into `folds` groups (each one held out at a time): one module per fold up
+    to MAX_FOLDS modules, so a fit on many modules costs MAX_FOLDS + 1 fits, not one per module."""
+    ordered = sorted(modules)
+    n = max(1, min(folds, len(ordered)))
+    return [ordered[i::n] for i in range(n)]
+
+
 def fit_online(modules: Sequence[StoredModule], samples: Sequence[Sample], base: HardwareModel,
                settings: FitSettings = FitSettings(), label: str = "stored measurements",
                progress: Callable[[str], None] = lambda _: None) -> OnlineFit:
-    """Fit `base` to the samples, hold each module out, and judge the fit against `base`."""
+    """Fit `base` to the samples, hold modules out (fit on the others, score the held-out ones
+    on all their samples), and judge the fit against `base`."""
     predictor = Predictor(modules)
     merged, _ = _predictable(merge_repeats(samples), predictor, base)
     if not merged:
         raise ValueError("no successful measurements of a module the store holds")
     groups = _by_module(merged)
     progress(f"fitting on {len(merged)} measurements of {len(groups)} modules")
-    fitted = _fit(merged, predictor, base, settings)
+    fitted = _fit(bounded(merged, settings.max_samples), predictor, base, settings)
     fitted = fitted.model_copy(update={"calibration": fitted.calibration.model_copy(
         update={"fitted_on": [f"{label}: {len(merged)} plans of {len(groups)} modules"]})})
     held_out = []
-    for i, (module, test) in enumerate(sorted(groups.items())):
-        train = [s for s in merged if s.workload != module]
+    folds = module_folds(list(groups), settings.max_folds)
+    for i, fold in enumerate(folds):
+        train = [s for s in merged if s.workload not in fold]
         if not train:
             continue
-        progress(f"holding out module {i + 1}/{len(groups)}")
-        held_fit = _fit(train, predictor, base, settings)
-        held_out.append(HeldOutModule(
-            module=module,
-            base=module_score(module, test, [predictor.latency_s(module, s.plan, base) for s in test]),
-            calibrated=module_score(module, test, [predictor.latency_s(module, s.plan, held_fit) for s in test]),
-        ))
+        progress(f"holding out {len(fold)} module(s), fold {i + 1}/{len(folds)}")
+        held_fit = _fit(bounded(train, settings.max_samples), predictor, base, settings)
+        for module in fold:
+            test = groups[module]
+            held_out.append(HeldOutModule(
+                module=module,
+                base=module_score(module, test, [predictor.latency_s(module, s.plan, base) for s in test]),
+                calibrated=module_score(module, test, [predictor.latency_s(module, s.plan, held_fit) for s in test]),
+            ))
     base_summary = _summary([h.base for h in held_out])
     calibrated_summary = _summary([h.calibrated for h in held_out])
     better, reason = verdict(base_summary, calibrated_summary, len(held_out))

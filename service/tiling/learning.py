@@ -52,6 +52,8 @@ HOST_HARDWARE = "host-cpu"  # the one name measurements are taken for (measure_t
 REFIT_GROWTH = 0.25
 REFIT_MIN_NEW = 8
 FIDELITY_TIMEOUT_S = 120.0
+# Fits and reports read the newest this many measurements of a host (a fit bounds its own samples further).
+LEARN_WINDOW = 2000
 FIDELITY_CACHE = 8  # reports kept, by (host, model, newest measurement)
 
 
@@ -112,7 +114,7 @@ class LearningData:
 
 def learning_data(session: Session, host: str) -> LearningData:
     """A host's learnable measurements as samples (workload = module fingerprint), and their modules."""
-    rows = measurements.learnable_rows(session, host)
+    rows = measurements.learnable_rows(session, host, limit=LEARN_WINDOW)
     texts = measurements.module_texts(session, [r.module_fingerprint for r in rows])
     samples = [Sample(workload=r.module_fingerprint, plan=r.plan, measured_s=r.cpu_s, raw_s=r.cpu_s,
                       default_s=r.default_cpu_s) for r in rows if r.module_fingerprint in texts]
@@ -314,15 +316,20 @@ class Learner:
 
     def _run_in_fit_process(self, modules: list[StoredModule], samples: list[Sample], base: HardwareModel,
                             label: str) -> OnlineFit:
+        """The fit in a process of its own, started for it (fits are rare; it holds no memory between)."""
         with self._lock:
             if self._closed:
                 raise RuntimeError("learner closed")
-            if self._fit_sandbox is None:
-                self._fit_sandbox = Sandbox(workers=1, start_method="forkserver")
-            sandbox = self._fit_sandbox
+            sandbox = self._fit_sandbox = Sandbox(workers=1, start_method="forkserver")
         timeout = self.settings.learn_fit_timeout_s
-        return result_of(sandbox.submit(fit_at_low_priority, modules, samples, base, self.fit_settings, label,
-                                        timeout=timeout), timeout)
+        try:
+            return result_of(sandbox.submit(fit_at_low_priority, modules, samples, base, self.fit_settings, label,
+                                            timeout=timeout), timeout)
+        finally:
+            with self._lock:
+                if self._fit_sandbox is sandbox:
+                    self._fit_sandbox = None
+            sandbox.close()
 
     def wait_idle(self, timeout: float) -> bool:
         """Wait for the background fit (tests, shutdown); whether it finished."""
