@@ -213,21 +213,24 @@ def _insert_calibration(sessions, profile: HardwareModel, base: HardwareModel, u
 
 
 def test_a_decision_made_under_the_old_profile_is_searched_again_under_a_better_calibration(
-        service: TilingService, sessions) -> None:
+        service: TilingService, sessions, workloads, predictor) -> None:
     module = (WORKLOADS / "matmul_1024.mlir").read_text()
     request = TilingRequest(module=module, hardware="host-cpu", budget=6, seed=1)
     first = service.decide(request)
     assert first.cache == "miss" and service.decide(request).cache == "hit"
     base = nominal()
-    calibrated = skewed(base)
-    _insert_calibration(sessions, calibrated, base, used=True)
-    service.hardware.forget("host-cpu")
+    for w in workloads:
+        store_as(sessions, w, predictor, skewed(base), 8)
+    row, _ = learner(sessions).fit_now("host-cpu")
+    assert row.used, row.reason
+    service.hardware.forget("host-cpu")  # else within HARDWARE_TTL_S
     again = service.decide(request)
     assert again.cache == "miss" and again.decision.id != first.decision.id
-    assert again.decision.hardware_hash == calibrated.content_hash() != first.decision.hardware_hash
+    assert again.decision.hardware_hash == row.profile_hash != first.decision.hardware_hash
     assert again.decision.cost_model_version == first.decision.cost_model_version
+    assert service.decide(request).decision.id == again.decision.id  # a hit under the calibration
     # a newer fit that lost retires the calibration: the old decision answers again
-    _insert_calibration(sessions, skewed(calibrated), base, used=False)
+    _insert_calibration(sessions, skewed(base), base, used=False)
     service.hardware.forget("host-cpu")
     back = service.decide(request)
     assert back.cache == "hit" and back.decision.id == first.decision.id

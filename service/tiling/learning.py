@@ -29,6 +29,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from service.config import Settings
 from service.hardware.model import HardwareModel
 from service.ir.analysis import analyze
+from service.ir.errors import IRError
 from service.ir.plan import Plan
 from service.ir.sandbox import Sandbox, result_of
 from service.measure.calibration_fit import NamedModule
@@ -371,7 +372,11 @@ class Learner:
             data = None if cached is not None else learning_data(session, host)
         if cached is None:
             assert data is not None
-            cached = self._run_task(fidelity_of, data.modules, data.samples, model, timeout=FIDELITY_TIMEOUT_S)
+            try:
+                cached = self._run_task(fidelity_of, data.modules, data.samples, model, timeout=FIDELITY_TIMEOUT_S)
+            except IRError as exc:  # a timeout or a crash predicting them: the report says so
+                return HardwareLearning(fidelity=_fidelity_out(host, model, None, f"fidelity not computed: {exc}"),
+                                        calibration=status)
             with self._lock:
                 if len(self._fidelity) >= FIDELITY_CACHE:
                     self._fidelity.pop(next(iter(self._fidelity)))
