@@ -13,7 +13,8 @@ from typing import Any
 
 import httpx
 
-from service.api.schemas import DecisionOut, DecisionPage, DecisionSummary, HardwareList, HardwareOut, TrialOut, TrialPage
+from service.api.schemas import (DecisionOut, DecisionPage, DecisionSummary, HardwareDetail, HardwareList, HardwareOut,
+                                 TrialOut, TrialPage)
 from service.hardware.model import HardwareModel
 
 
@@ -95,10 +96,11 @@ class TilesearchClient:
                 return out
             cursor = page.next_cursor
 
-    def hardware(self, name: str | None = None) -> list[HardwareOut] | HardwareOut:
-        """All hardware models, or the one named."""
+    def hardware(self, name: str | None = None) -> list[HardwareOut] | HardwareDetail:
+        """All hardware models, or the one named with its fidelity on the server host's
+        measurements and its calibration."""
         if name is not None:
-            return HardwareOut.model_validate(self._ok(self._http.get(f"/v1/hardware/{name}")))
+            return HardwareDetail.model_validate(self._ok(self._http.get(f"/v1/hardware/{name}")))
         return HardwareList.model_validate(self._ok(self._http.get("/v1/hardware"))).items
 
     def add_hardware(self, model: HardwareModel) -> HardwareOut:

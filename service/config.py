@@ -53,6 +53,16 @@ class Settings(BaseSettings):
     job_stalled_after_s: float = Field(default=20.0, gt=0)
     # SIGTERM: a worker finishes its items for this long, then releases them to the queue.
     job_shutdown_grace_s: float = Field(default=30.0, ge=0)
+    # Learning from measurements (service.tiling.learning): after a measuring request, once this
+    # host has `learn_min_measurements` timed plans over `learn_min_modules` modules, a process
+    # of its own fits a calibrated profile in the background; it is used only when it predicts
+    # held-out modules better. `learn_max_evals` / `learn_register_tiles`: how hard each fit tries.
+    learn_auto: bool = True
+    learn_min_measurements: int = Field(default=24, ge=1)
+    learn_min_modules: int = Field(default=3, ge=2)
+    learn_max_evals: int = Field(default=300, ge=10)
+    learn_register_tiles: bool = True
+    learn_fit_timeout_s: float = Field(default=3600.0, gt=0)
 
 
 @lru_cache(maxsize=1)

@@ -164,7 +164,9 @@ def test_hardware_endpoints(migrated_url):
         created = client.post("/v1/hardware", json=CUSTOM_HW)
         assert created.status_code == 201 and created.json()["source"] == "stored"
         assert client.post("/v1/hardware", json=CUSTOM_HW).json()["hash"] == created.json()["hash"]  # idempotent
-        assert client.get("/v1/hardware/test-npu").json() == created.json()
+        detail = client.get("/v1/hardware/test-npu").json()
+        assert {key: detail[key] for key in created.json()} == created.json()
+        assert detail["fidelity"]["n_measurements"] == 0 and "another machine" in detail["fidelity"]["note"]
         assert "test-npu" in [h["name"] for h in client.get("/v1/hardware").json()["items"]]
 
         inverted = {**CUSTOM_HW, "memory_levels": list(reversed(CUSTOM_HW["memory_levels"]))}

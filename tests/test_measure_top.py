@@ -19,6 +19,9 @@ from sqlalchemy import select
 from service.api.app import create_app
 from service.api.dashboard.views import measured_of
 from service.config import Settings
+from service.ir.plan import Plan
+from service.measure.cache import host_key
+from service.measure.tools import benchmark_threads
 from service.store import migrate
 from service.store.db import make_engine, make_sessionmaker, session_scope
 from service.store.decisions import Effort, effort_covers, merged_effort
@@ -79,13 +82,21 @@ def _assert_measured(stats: dict, k: int) -> None:
     assert measured["kept"] in ("candidate", "iree_default") and stats["chosen_by"] == "measured"
 
 
-def _assert_rows(rows: list[Measurement], k: int, answer: dict) -> None:
+def _assert_rows(rows: list[Measurement], k: int, answer: dict, source: str) -> None:
     roles = sorted(r.config["role"] for r in rows)
     assert roles == ["candidate"] * k + ["default"]
     assert all(r.ok and r.median_s > 0 and r.samples and r.iree_version for r in rows)
     assert {r.hardware_hash for r in rows} == {answer["hardware_hash"]}
     candidates = {c["plan_hash"] for c in answer["search_stats"]["measured"]["candidates"]}
     assert {r.plan_hash for r in rows if r.config["role"] == "candidate"} == candidates
+    # what it takes to predict each timing again (service.tiling.learning learns from these)
+    (default,) = [r for r in rows if r.is_default]
+    assert default.plan == {"groups": []} and default.config["role"] == "default"
+    for r in rows:
+        assert (r.host_key, r.module_fingerprint, r.source) == (host_key(), answer["module_fingerprint"], source)
+        assert Plan.model_validate(r.plan).plan_hash() == r.plan_hash and r.shape_hints is None
+        assert r.cpu_s == pytest.approx(r.config["cpu_median_s"] / benchmark_threads())
+        assert r.default_cpu_s == default.cpu_s
 
 
 @needs_avx512
@@ -113,7 +124,7 @@ def test_tiling_with_measure_top_keeps_the_fastest_measured(migrated_url: str) -
             chosen = measured_block["candidates"][measured_block["chosen"]]
             assert chosen["cpu_s"] == min(c["cpu_s"] for c in measured_block["candidates"])
             assert answer["predicted_cost"]["latency_s"] == pytest.approx(chosen["predicted_latency_s"])
-        _assert_rows(_measurements(migrated_url, answer["id"]), 2, answer)
+        _assert_rows(_measurements(migrated_url, answer["id"]), 2, answer, "tiling")
 
         # the measured decision answers both a predicted and an equally measuring request
         for extra in ({}, {"measure_top": 2}, {"measure_top": 1}):
@@ -149,7 +160,7 @@ def test_embedded_job_item_with_measure_top_ends_measured(tmp_path: Path) -> Non
         (item,) = job["items_detail"]
         decision = client.get(f"/v1/tilings/{item['decision_id']}").json()
         _assert_measured(decision["search_stats"], 2)
-        _assert_rows(_measurements(url, decision["id"]), 2, decision)
+        _assert_rows(_measurements(url, decision["id"]), 2, decision, "job")
         # the item's decision is an ordinary one: a predicted request is a hit on it
         hit = client.post("/v1/tilings", json={"module": TINY_MATMUL, "hardware": "host-cpu", "budget": 8}).json()
         assert (hit["cache"], hit["id"]) == ("hit", decision["id"])

@@ -76,6 +76,24 @@ def test_decisions_stored_before_the_cost_model_version_read_unrecorded(database
         engine.dispose()
 
 
+def test_hardware_rows_decisions_recorded_stop_shadowing_their_profile(database_url: str) -> None:
+    """0006: rows under a built-in profile's name were recorded by decisions (not custom); rows
+    under other names were stored by users and still shadow (custom)."""
+    migrate.upgrade(database_url, "0005_decision_effort")
+    engine = make_engine(database_url, poolclass=NullPool)
+    try:
+        with engine.begin() as conn:
+            for h, name in (("h1", "host-cpu"), ("h2", "my-npu"), ("h3", "gpu-h100")):
+                conn.execute(text("INSERT INTO hardware_models (hash, name, spec, created_at) "
+                                  "VALUES (:h, :n, '{}', CURRENT_TIMESTAMP)"), {"h": h, "n": name})
+        migrate.upgrade(database_url)
+        with engine.connect() as conn:
+            rows = dict(conn.execute(text("SELECT hash, custom FROM hardware_models")).all())
+        assert {h: bool(c) for h, c in rows.items()} == {"h1": False, "h2": True, "h3": False}
+    finally:
+        engine.dispose()
+
+
 def ours(obj, name, type_, reflected, compare_to) -> bool:
     """procrastinate's tables (applied from its SQL by migration 0004) are not our models."""
     table = obj if type_ == "table" else getattr(obj, "table", None)

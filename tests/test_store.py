@@ -93,10 +93,14 @@ def test_module_and_hardware_round_trip(sessions: sessionmaker[Session]) -> None
         first = catalog.upsert_module(session, "fp-a", "module {}", {"ops": {"linalg.matmul": 2}})
         again = catalog.upsert_module(session, "fp-a", "module { // other text }", {})
         assert again.id == first.id
+        # hw-1 recorded for a decision first, then stored by a user: custom from then on
         catalog.upsert_hardware(session, "hw-1", "cpu", {"cores": 2, "levels": [{"name": "L1"}]})
-        catalog.upsert_hardware(session, "hw-1", "cpu", {"cores": 2})
-        catalog.upsert_hardware(session, "hw-2", "cpu", {"cores": 4})
-        catalog.upsert_hardware(session, "hw-3", "gpu", {"sms": 132})
+        catalog.upsert_hardware(session, "hw-1", "cpu", {"cores": 2}, custom=True)
+        catalog.upsert_hardware(session, "hw-2", "cpu", {"cores": 4}, custom=True)
+        catalog.upsert_hardware(session, "hw-3", "gpu", {"sms": 132}, custom=True)
+        # a model a decision used, recorded under a name: it names its hash, it shadows nothing
+        catalog.upsert_hardware(session, "hw-4", "cpu", {"cores": 8})
+        catalog.upsert_hardware(session, "hw-5", "npu", {"cores": 1})
     with session_scope(sessions) as session:
         module = session.scalars(select(Module).where(Module.fingerprint == "fp-a")).one_or_none()
         assert module is not None
@@ -104,7 +108,8 @@ def test_module_and_hardware_round_trip(sessions: sessionmaker[Session]) -> None
         assert module.created_at.tzinfo is not None
         assert session.scalars(select(Module).where(Module.fingerprint == "nope")).one_or_none() is None
         hardware = session.scalars(select(HardwareRow).where(HardwareRow.hash == "hw-1")).one_or_none()
-        assert hardware is not None and hardware.spec["levels"] == [{"name": "L1"}]
+        assert hardware is not None and hardware.spec["levels"] == [{"name": "L1"}] and hardware.custom
+        assert catalog.get_hardware(session, "hw-4") is not None and catalog.get_hardware_by_name(session, "npu") is None
         newest = catalog.get_hardware_by_name(session, "cpu")
         assert newest is not None and newest.hash == "hw-2"
         assert [h.hash for h in catalog.list_hardware(session)] == ["hw-2", "hw-3"]

@@ -55,6 +55,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             yield
         finally:
             close_jobs()
+            app.state.tiling.close()
             sandbox.close()
             engine.dispose()
 

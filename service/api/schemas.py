@@ -11,6 +11,7 @@ from pydantic import BaseModel, Field
 from service.hardware.model import HardwareModel
 from service.store.models import Decision, Trial
 from service.tiling.hardware import HardwareSource, NamedHardware
+from service.tiling.learning import CalibrationStatus, HardwareLearning, HostFidelity
 from service.tiling.request import TilingRequest
 from service.tiling.service import CacheState, TilingOutcome
 
@@ -22,6 +23,7 @@ __all__ = [
     "TrialOut",
     "TrialPage",
     "HardwareOut",
+    "HardwareDetail",
     "HardwareList",
     "Health",
     "Readiness",
@@ -121,11 +123,26 @@ class HardwareOut(BaseModel):
     name: str
     hash: str
     source: HardwareSource
+    calibration_version: int | None = Field(
+        default=None, description="the calibration fitted to this host's measurements that the name resolves to")
     spec: HardwareModel
 
     @classmethod
     def from_named(cls, named: NamedHardware) -> "HardwareOut":
-        return cls(name=named.model.name, hash=named.model.content_hash(), source=named.source, spec=named.model)
+        return cls(name=named.model.name, hash=named.model.content_hash(), source=named.source,
+                   calibration_version=named.calibration_version, spec=named.model)
+
+
+class HardwareDetail(HardwareOut):
+    """A hardware model with its fidelity on this host's stored measurements and its calibration."""
+
+    fidelity: HostFidelity
+    calibration: CalibrationStatus
+
+    @classmethod
+    def from_parts(cls, named: NamedHardware, learning: HardwareLearning) -> "HardwareDetail":
+        return cls(**HardwareOut.from_named(named).model_dump(), fidelity=learning.fidelity,
+                   calibration=learning.calibration)
 
 
 class HardwareList(BaseModel):

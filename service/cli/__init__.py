@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from .common import _ir_failure, _read_module, _run_ir_task
+from .common import _hardware_here, _ir_failure, _read_module, _ready_store, _run_ir_task
 from .jobs import job_app, worker_cmd
 from .model import model_app
 
@@ -145,21 +145,56 @@ def measure_cmd(
 @app.command("calibrate")
 def calibrate_cmd(
     hardware: str = typer.Option("host-cpu", "--hardware", help="profile to calibrate"),
-    workloads: Path = typer.Option(..., "--workloads", exists=True, file_okay=False, help="dir of .mlir"),
-    out: Path | None = typer.Option(None, "--out", help="profile JSON (default: <hardware dir>/<name>.json)"),
+    workloads: Path | None = typer.Option(None, "--workloads", exists=True, file_okay=False,
+                                          help="dir of .mlir to measure first (without: fit what is stored)"),
+    out: Path | None = typer.Option(None, "--out", help="also write the fitted profile JSON here"),
     plans: int = typer.Option(12, "--plans", min=3, help="plans measured per workload"),
-    timing: str = typer.Option("cpu", "--timing", help="cpu (CPU time per worker, robust to other load) | wall"),
-    as_json: bool = typer.Option(False, "--json", help="print the report as JSON"),
+    as_json: bool = typer.Option(False, "--json", help="print the result as JSON"),
 ) -> None:
-    """Measure plans with IREE, fit the cost model's factors, save the calibrated profile."""
-    from service.hardware.profiles import get_profile, hardware_dir
-    from service.measure.calibrate import calibrate, format_report
+    """Measure plans with IREE (--workloads), store the timings, and fit a calibrated profile to
+    every measurement stored for this host; the service uses it only if it predicts held-out
+    modules better than the uncalibrated profile."""
+    import json
 
-    base = get_profile(hardware)
-    target = out or hardware_dir() / f"{base.name}.json"
+    from service.config import get_settings
+    from service.hardware.profiles import UnknownHardwareError
+    from service.measure.calibrate import measure_workloads
+    from service.measure.online_fit import format_online_fit
+    from service.store.db import session_scope
+    from service.tiling.hardware import HardwareCatalog, find_base_hardware
+    from service.tiling.learning import Learner, record_calibration_samples
+
+    sessions, why = _ready_store()
+    if sessions is None:
+        typer.echo(f"error: calibrate stores its measurements and fits in the database: {why}", err=True)
+        raise typer.Exit(2)
     progress = (lambda msg: None) if as_json else (lambda msg: typer.echo(f"  {msg}", err=True))
-    _, report = calibrate(base, workloads, plans_per_workload=plans, out=target, progress=progress, timing=timing)
-    typer.echo(report.model_dump_json(indent=2) if as_json else format_report(report))
+    try:
+        with session_scope(sessions) as session:
+            base = find_base_hardware(session, hardware).model
+        names: dict[str, str] = {}
+        skipped: dict[str, str] = {}
+        if workloads is not None:
+            found, samples, skipped = measure_workloads(base, workloads, plans_per_workload=plans, progress=progress)
+            with session_scope(sessions) as session:
+                stored, names = record_calibration_samples(session, found, samples, base)
+            progress(f"stored {stored} measurements")
+        row, fit = Learner(sessions, HardwareCatalog(sessions), get_settings()).fit_now(hardware, progress=progress)
+    except (UnknownHardwareError, ValueError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(fit.profile.model_dump_json(indent=2))
+    if as_json:
+        typer.echo(json.dumps({"version": row.version, "used": row.used, "reason": row.reason,
+                               "skipped_workloads": skipped, "fit": fit.model_dump(mode="json")}, indent=2))
+        return
+    typer.echo(format_online_fit(fit, row.version, names))
+    for name, reason in skipped.items():
+        typer.echo(f"skipped {name}: {reason}")
+    if out is not None:
+        typer.echo(f"wrote {out}")
 
 
 db_app = typer.Typer(help="The decision store's schema (Alembic migrations).", no_args_is_help=True)
@@ -324,14 +359,15 @@ def tune_cmd(
 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from service.hardware.profiles import UnknownHardwareError, get_profile
+    from service.hardware.profiles import UnknownHardwareError
     from service.ir.errors import IRError
     from service.search.engine import tune
     from service.search.errors import SearchInputError
     from service.search.report import summary_lines, write_outputs
 
+    sessions, store_why = _ready_store()
     try:
-        hw = get_profile(hardware)
+        hw = _hardware_here(sessions, hardware)
     except UnknownHardwareError as exc:
         raise _ir_failure(exc) from None
     source = _read_module(file)
@@ -349,10 +385,20 @@ def tune_cmd(
             raise _ir_failure(exc) from None
     if measure_top:
         from service.search.refine import refine, with_measured_choice
+        from service.store.db import session_scope
+        from service.tiling.learning import record_refinement
 
         if isinstance(source, bytes):
             raise _ir_failure(ValueError("--measure-top takes MLIR text, not bytecode"))
-        result = with_measured_choice(result, refine(source, result, measure_top))
+        refinement = refine(source, result, measure_top)
+        result = with_measured_choice(result, refinement)
+        stored = 0
+        if sessions is not None and refinement.candidates:
+            with session_scope(sessions) as session:
+                stored = record_refinement(session, source, refinement, hw, shape_hints=result.shape_hints or None)
+        if not as_json:  # --json prints JSON only
+            typer.echo(f"stored {stored} measurements for this host's calibration" if sessions is not None
+                       else f"note: measurements not stored: {store_why}", err=True)
     written = write_outputs(result, source, out) if out else []
     if spec_out is not None:
         written.append(_write_spec(source, result.plan, hw, spec_out))

@@ -28,3 +28,25 @@ def _read_module(path: Path) -> str | bytes:
         return data.decode("utf-8")
     except UnicodeDecodeError:
         return data  # MLIR bytecode
+
+
+def _ready_store():
+    """A sessionmaker on the configured database when its schema is at head, else None; and why."""
+    from service.store.db import make_sessionmaker
+    from service.store.migrate import ready_engine
+
+    engine, why = ready_engine()
+    return (make_sessionmaker(engine) if engine is not None else None), why
+
+
+def _hardware_here(sessions, name: str):
+    """`name` as the service resolves it (a calibration in use on this host included) when the
+    store is there, else the profile."""
+    from service.hardware.profiles import get_profile
+    from service.store.db import session_scope
+    from service.tiling.hardware import find_hardware
+
+    if sessions is None:
+        return get_profile(name)
+    with session_scope(sessions) as session:
+        return find_hardware(session, name).model

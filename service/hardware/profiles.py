@@ -1,6 +1,6 @@
 """Built-in hardware profiles, host detection, and JSON profiles from a directory.
 
-JSON profiles (e.g. a calibrated host-cpu written by `tilesearch calibrate`) live in
+JSON profiles (e.g. a calibrated profile written by `tilesearch calibrate --out`) live in
 `$TILESEARCH_HARDWARE_DIR` (default `./var/hardware`), one `<name>.json` each, and override the
 built-in of the same name.
 """

@@ -36,9 +36,11 @@ class ItemReleased(Exception):
     """The worker stopped before the item was done: procrastinate queues it again."""
 
 
-def measure_queue(hardware_hash: str) -> str:
-    """The queue of items measured on one hardware: only workers on such a host take them."""
-    return f"measure-{hardware_hash[:16]}"
+def measure_queue(host_key: str) -> str:
+    """The queue of items measured on one kind of CPU (service.measure.cache.host_key): only
+    workers on such a host take them. By the CPU, not host-cpu's content hash: a calibration
+    fitted to stored measurements changes that hash, not the CPU."""
+    return f"measure-{host_key}"
 
 
 def conninfo(database_url: str) -> str:

@@ -10,6 +10,7 @@ from service.hardware.model import HardwareModel
 from service.store import decisions, jobs
 from service.store.db import session_scope
 from service.store.models import ItemState, Job
+from service.tiling.hardware import this_host
 
 from .contract import JobRequest
 from .queue import SEARCH_QUEUE, measure_queue
@@ -50,7 +51,7 @@ class JobService:
                                  + "; ".join(f"{d['name']}: {d['reason']}" for d in found.left_to_iree[:5]))
         else:
             new_items = [jobs.NewItem(i.name, i.module, i.shape_hints) for i in request.items or []]
-        queue = measure_queue(hardware.content_hash()) if request.measure_top else SEARCH_QUEUE
+        queue = measure_queue(this_host()) if request.measure_top else SEARCH_QUEUE
         hardware_json = request.hardware if isinstance(request.hardware, str) else hardware.model_dump(mode="json")
         options = request.model_dump(include={"budget", "seconds", "strategy", "seed", "measure_top", "reuse"})
         with session_scope(rt.sessions) as session:

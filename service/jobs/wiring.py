@@ -11,6 +11,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from service.config import Settings
 from service.ir.sandbox import Sandbox
 from service.store.db import make_engine, make_sessionmaker
+from service.tiling.hardware import this_host
 from service.tiling.service import TilingService
 
 from .embedded import EmbeddedDispatcher, EmbeddedRunner
@@ -52,11 +53,12 @@ def serve_worker(settings: Settings, concurrency: int, queues: list[str] | None)
             raise NeedsPostgreSQL("tilesearch worker needs PostgreSQL (DATABASE_URL=postgresql+psycopg://...); "
                                   "on SQLite, `tilesearch serve` runs jobs itself")
         runtime.tiling = TilingService(runtime.sessions, sandbox, settings)
-        host = runtime.tiling.hardware.resolve("host-cpu")
-        queues = [*(queues or [SEARCH_QUEUE, measure_queue(host.content_hash())]), MAINTENANCE_QUEUE]
+        queues = [*(queues or [SEARCH_QUEUE, measure_queue(this_host())]), MAINTENANCE_QUEUE]
         logging.getLogger("tilesearch.jobs").info("worker: queues %s; %d at once", ", ".join(queues), concurrency)
         app = make_queue_app(runtime.database_url, stalled_after_s=settings.job_stalled_after_s)
         run_worker(runtime, app, queues=queues, concurrency=concurrency)
     finally:
+        if runtime.tiling is not None:
+            runtime.tiling.close()
         sandbox.close()
         engine.dispose()

@@ -8,7 +8,7 @@ import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 from scipy import optimize
@@ -27,7 +27,6 @@ from service.ir.parse import parse_module
 from service.ir.plan import Plan
 from service.ir.transform import apply_plan
 
-from .calibration_plans import ContractionWorkload
 from .calibration_samples import Sample
 
 # Fitted parameters live in log space within these bounds (factor of the nominal figure).
@@ -66,6 +65,16 @@ def cost_terms(cost: Cost, hardware: HardwareModel) -> CostTerms:
     )
 
 
+class NamedModule(Protocol):
+    """What the predictor needs of a workload: a name samples refer to, and its module text."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def text(self) -> str: ...
+
+
 # A non-nominal calibration the fast path is checked against, once per sample.
 _PROBE = dict(compute_efficiency=0.37, loop_overhead_scale=2.9)
 
@@ -81,7 +90,7 @@ class Predictor:
     exact).
     """
 
-    def __init__(self, workloads: Sequence[ContractionWorkload]):
+    def __init__(self, workloads: Sequence[NamedModule]):
         self._originals = {w.name: parse_module(w.text) for w in workloads}
         self._tiled: dict[tuple[str, str], Any] = {}
         self._terms: dict[tuple[str, str, str], CostTerms | None] = {}  # None: exact only

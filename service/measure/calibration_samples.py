@@ -6,7 +6,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Callable, Sequence
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from .cache import MeasurementCache, measurement_key
 from .calibration_plans import MAX_VECTOR_ELEMENTS, ContractionWorkload, sample_plans
@@ -31,6 +31,9 @@ class Sample(BaseModel):
     raw_s: float | None = None
     default_s: float | None = None
     error: str | None = None
+    # The two timings as taken, for the store (not part of the reports' JSON).
+    forced: Measurement | None = Field(default=None, exclude=True, repr=False)
+    default: Measurement | None = Field(default=None, exclude=True, repr=False)
 
 
 def measure_cached(text: str, plan: dict | None, settings: BenchSettings,
@@ -101,7 +104,7 @@ def paired_sample(w: ContractionWorkload, plan: dict, settings: BenchSettings,
     return Sample(workload=w.name, plan=plan,
                   raw_s=timing_of(forced, timing) if ok else None,
                   default_s=timing_of(default, timing) if ok else None,
-                  error=forced.error or default.error)
+                  error=forced.error or default.error, forced=forced, default=default)
 
 
 def finish_samples(samples: Sequence[Sample], timing: str) -> list[Sample]:

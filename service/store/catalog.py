@@ -30,14 +30,15 @@ def get_module(session: Session, fingerprint: str) -> Module | None:
 
 
 def upsert_hardware(
-    session: Session, hardware_hash: str, name: str, spec: dict[str, Any]
+    session: Session, hardware_hash: str, name: str, spec: dict[str, Any], *, custom: bool = False
 ) -> HardwareModel:
-    """Store a hardware model by content hash (same hash = same model)."""
-    statement = (
-        upsert_insert(session, cast(Table, HardwareModel.__table__))
-        .values(hash=hardware_hash, name=name, spec=spec)
-        .on_conflict_do_nothing(index_elements=["hash"])
-    )
+    """Store a hardware model by content hash (same hash = same model). `custom`: a user stored
+    it under its name (it then shadows the profile of that name; a row a decision recorded
+    becomes custom when a user stores the same model)."""
+    insert = upsert_insert(session, cast(Table, HardwareModel.__table__)).values(
+        hash=hardware_hash, name=name, spec=spec, custom=custom)
+    statement = (insert.on_conflict_do_update(index_elements=["hash"], set_={"custom": True}) if custom
+                 else insert.on_conflict_do_nothing(index_elements=["hash"]))
     session.execute(statement)
     return session.scalars(select(HardwareModel).where(HardwareModel.hash == hardware_hash)).one()
 
@@ -47,10 +48,10 @@ def get_hardware(session: Session, hardware_hash: str) -> HardwareModel | None:
 
 
 def get_hardware_by_name(session: Session, name: str) -> HardwareModel | None:
-    """The newest model stored under ``name``."""
+    """The newest model a user stored under ``name`` (not those recorded for decisions)."""
     statement = (
         select(HardwareModel)
-        .where(HardwareModel.name == name)
+        .where(HardwareModel.name == name, HardwareModel.custom.is_(True))
         .order_by(HardwareModel.id.desc())
         .limit(1)
     )
@@ -58,8 +59,8 @@ def get_hardware_by_name(session: Session, name: str) -> HardwareModel | None:
 
 
 def list_hardware(session: Session) -> list[HardwareModel]:
-    """The newest model of every name, by name."""
-    newest = select(func.max(HardwareModel.id)).group_by(HardwareModel.name)
+    """The newest model users stored under every name, by name."""
+    newest = select(func.max(HardwareModel.id)).where(HardwareModel.custom.is_(True)).group_by(HardwareModel.name)
     statement = (
         select(HardwareModel).where(HardwareModel.id.in_(newest)).order_by(HardwareModel.name)
     )

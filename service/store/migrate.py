@@ -17,7 +17,7 @@ from sqlalchemy.engine import URL
 from sqlalchemy.pool import NullPool
 
 from service.config import get_settings
-from service.store.db import make_engine, normalize_url
+from service.store.db import make_engine, normalize_url, sqlite_file_path
 
 MIGRATIONS_DIR = Path(__file__).resolve().parents[2] / "migrations"
 
@@ -82,3 +82,19 @@ def check_ready(engine: Engine) -> tuple[bool, str]:
         want = ", ".join(sorted(heads))
         return False, f"migrations not at head: database at {have}, code at {want}"
     return True, f"ok (revision {', '.join(sorted(heads))})"
+
+
+def ready_engine(url: str | URL | None = None) -> tuple[Engine | None, str]:
+    """An engine on the database when its schema is at head, else None and why. Creates no
+    SQLite file where there is none (a command that only might store must not leave one)."""
+    if url is None:
+        url = get_settings().database_url
+    path = sqlite_file_path(url)
+    if path is not None and not path.exists():
+        return None, f"no database at {path} (`tilesearch db upgrade` creates it)"
+    engine = make_engine(url, poolclass=NullPool)
+    ready, detail = check_ready(engine)
+    if not ready:
+        engine.dispose()
+        return None, detail
+    return engine, detail

@@ -27,6 +27,7 @@ from sqlalchemy import (
     Text,
     TypeDecorator,
     UniqueConstraint,
+    false,
 )
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -107,6 +108,9 @@ class HardwareModel(Base):
     # Not unique: editing a named model yields a new hash; lookups by name take the newest.
     name: Mapped[str] = mapped_column(String(200), index=True)
     spec: Mapped[dict[str, Any]] = mapped_column(JSONType)
+    # Stored by a user under its name (POST /v1/hardware): it shadows the profile of that name.
+    # Rows recorded only because a decision used the model (its hash names it) do not.
+    custom: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
 
 
@@ -207,10 +211,15 @@ class GroupRecord(Base):
 
 
 class Measurement(Base):
-    """A plan compiled and timed on real hardware (IREE), successful or not."""
+    """A plan compiled and timed on real hardware (IREE), successful or not, with what it takes
+    to predict it again: the plan, the module (by fingerprint, a `modules` row), the host
+    (service.measure.cache.host_key) and the shape hints it was measured at."""
 
     __tablename__ = "measurements"
-    __table_args__ = (Index("ix_measurements_plan_hardware", "plan_hash", "hardware_hash"),)
+    __table_args__ = (
+        Index("ix_measurements_plan_hardware", "plan_hash", "hardware_hash"),
+        Index("ix_measurements_host_id", "host_key", "id"),
+    )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     decision_id: Mapped[int | None] = mapped_column(
@@ -224,6 +233,44 @@ class Measurement(Base):
     samples: Mapped[list[float]] = mapped_column(JSONType, default=list)
     error: Mapped[str | None] = mapped_column(Text, default=None)
     iree_version: Mapped[str | None] = mapped_column(String(100), default=None)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    # Rows from before migration 0006 have none of these: they are not learnt from.
+    host_key: Mapped[str | None] = mapped_column(String(100), default=None)
+    module_fingerprint: Mapped[str | None] = mapped_column(String(HASH_LEN), default=None)
+    plan: Mapped[Any | None] = mapped_column(JSONType, default=None)
+    shape_hints: Mapped[dict[str, Any] | None] = mapped_column(JSONType, default=None)
+    # Load-robust time (CPU time per benchmark thread), and IREE's default's timed in the same rounds.
+    cpu_s: Mapped[float | None] = mapped_column(Float, default=None)
+    default_cpu_s: Mapped[float | None] = mapped_column(Float, default=None)
+    is_default: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    source: Mapped[str | None] = mapped_column(String(16), default=None)  # tiling, job, tune, calibrate
+
+
+class FittedCalibration(Base):
+    """A profile fitted to one host's stored measurements (service.measure.online_fit): version
+    N of (host, hardware name). Only the newest version is a candidate for use, and only when it
+    beat the uncalibrated profile on held-out modules (`used`) and was fitted on the profile the
+    name resolves to now (`base_hash`)."""
+
+    __tablename__ = "calibrations"
+    __table_args__ = (UniqueConstraint("host_key", "hardware_name", "version"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    host_key: Mapped[str] = mapped_column(String(100))
+    hardware_name: Mapped[str] = mapped_column(String(200))
+    version: Mapped[int] = mapped_column(Integer)
+    base_hash: Mapped[str] = mapped_column(String(HASH_LEN))
+    profile_hash: Mapped[str] = mapped_column(String(HASH_LEN))
+    profile: Mapped[dict[str, Any]] = mapped_column(JSONType)
+    n_measurements: Mapped[int] = mapped_column(Integer)
+    n_modules: Mapped[int] = mapped_column(Integer)
+    # The newest measurement row the fit saw: a later fit is due only when more arrived.
+    last_measurement_id: Mapped[int] = mapped_column(Integer)
+    # Held-out scores per module (base and calibrated) and their medians.
+    scores: Mapped[dict[str, Any]] = mapped_column(JSONType)
+    used: Mapped[bool] = mapped_column(Boolean)
+    reason: Mapped[str] = mapped_column(Text)
+    source: Mapped[str] = mapped_column(String(16))  # auto, calibrate
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
 
 

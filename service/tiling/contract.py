@@ -137,10 +137,15 @@ class GroupBest(_Contract):
 
 
 class PlanMeasurement(_Contract):
-    """One IREE timing the search took (a top plan or IREE's default), as the store keeps it."""
+    """One IREE timing the search took (a top plan or IREE's default), as the store keeps it,
+    with what it takes to predict it again (the plan; the module is the request's)."""
 
     plan_hash: str
+    plan: dict[str, Any]
     role: Literal["candidate", "default"]
+    host_key: str = Field(description="the CPU it ran on (service.measure.cache.host_key)")
+    cpu_s: float | None = Field(default=None, description="CPU time per benchmark thread (cpu_per_core_s)")
+    default_cpu_s: float | None = Field(default=None, description="IREE's default's, timed in the same rounds")
     ok: bool
     median_s: float | None = None
     samples_s: list[float] = Field(default_factory=list)

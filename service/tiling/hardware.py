@@ -3,6 +3,9 @@
 A name is a custom model stored through the API (the newest of that name), else a profile
 (a JSON profile in the hardware dir, else a built-in). A stored name shadows a profile.
 An unknown name raises UnknownHardwareError listing every known name, stored ones included.
+On top of that base, the calibration in use for the name on this host (service.store
+.calibrations: the newest fitted version, when it beat the base on held-out modules) replaces
+it: its content hash differs, so decisions made under the base are not served under it.
 """
 
 from __future__ import annotations
@@ -10,13 +13,15 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass
+from functools import cache
 from typing import Literal
 
 from sqlalchemy.orm import Session, sessionmaker
 
 from service.hardware.model import HardwareModel
 from service.hardware.profiles import UnknownHardwareError, get_profile, list_profiles
-from service.store import catalog
+from service.measure.cache import host_key
+from service.store import calibrations, catalog
 from service.store.db import session_scope
 
 HardwareSource = Literal["builtin", "stored"]
@@ -30,14 +35,21 @@ HARDWARE_TTL_S = 1.0
 class NamedHardware:
     model: HardwareModel
     source: HardwareSource
+    calibration_version: int | None = None  # the stored calibration in use on this host, if any
+
+
+@cache
+def this_host() -> str:
+    """The CPU this process measures on (service.measure.cache.host_key), read once."""
+    return host_key()
 
 
 def known_hardware_names(session: Session) -> list[str]:
     return sorted(set(list_profiles()) | {row.name for row in catalog.list_hardware(session)})
 
 
-def find_hardware(session: Session, name: str) -> NamedHardware:
-    """The model called `name` and where it comes from; UnknownHardwareError if none."""
+def find_base_hardware(session: Session, name: str) -> NamedHardware:
+    """The model called `name` before any stored calibration; UnknownHardwareError if none."""
     stored = catalog.get_hardware_by_name(session, name)
     if stored is not None:
         return NamedHardware(HardwareModel.model_validate(stored.spec), "stored")
@@ -45,6 +57,19 @@ def find_hardware(session: Session, name: str) -> NamedHardware:
         return NamedHardware(get_profile(name), "builtin")
     except UnknownHardwareError:
         raise UnknownHardwareError(name, known_hardware_names(session)) from None
+
+
+def _calibrated(session: Session, name: str, base: NamedHardware) -> NamedHardware:
+    used = calibrations.in_use(session, this_host(), name, base.model.content_hash()).calibration
+    if used is None:
+        return base
+    return NamedHardware(HardwareModel.model_validate(used.profile), base.source, used.version)
+
+
+def find_hardware(session: Session, name: str) -> NamedHardware:
+    """The model called `name` (calibrated when a calibration is in use on this host) and where
+    it comes from; UnknownHardwareError if none."""
+    return _calibrated(session, name, find_base_hardware(session, name))
 
 
 def resolve_hardware(session: Session, spec: str | HardwareModel) -> HardwareModel:
@@ -59,12 +84,12 @@ def list_named_hardware(session: Session) -> list[NamedHardware]:
     builtin = {name: NamedHardware(get_profile(name), "builtin") for name in list_profiles()}
     stored = {row.name: NamedHardware(HardwareModel.model_validate(row.spec), "stored") for row in catalog.list_hardware(session)}
     merged = builtin | stored
-    return [merged[name] for name in sorted(merged)]
+    return [_calibrated(session, name, merged[name]) for name in sorted(merged)]
 
 
 def store_hardware(session: Session, model: HardwareModel) -> HardwareModel:
     """Store a custom model (idempotent by content hash); the stored model is returned."""
-    row = catalog.upsert_hardware(session, model.content_hash(), model.name, model.model_dump(mode="json"))
+    row = catalog.upsert_hardware(session, model.content_hash(), model.name, model.model_dump(mode="json"), custom=True)
     return HardwareModel.model_validate(row.spec)
 
 

@@ -8,8 +8,9 @@
               keep the better one and record the effort
     measure_top K: the search also times its K best plans and IREE's default with IREE on this
     machine (the sandbox worker) and keeps the fastest measured; every timing is stored in
-    `measurements`. A measured decision answers later predicted requests; a predicted one
-    does not answer a measuring request (it is refined by measuring)
+    `measurements` with its plan, module and host, and may start a calibration fit in the
+    background (service.tiling.learning). A measured decision answers later predicted requests;
+    a predicted one does not answer a measuring request (it is refined by measuring)
       miss:   warm-start plans from group records -> search + realise (sandbox) -> store
 
 Plain library code: the API, the CLI and workers call `TilingService.decide`.
@@ -42,14 +43,15 @@ from service.ir.plan import Plan
 from service.ir.sandbox import Sandbox, result_of
 from service.search.errors import SearchInputError
 from service.search.space import SPACE_VERSION
-from service.store import catalog, decisions, measurements, searches
+from service.store import catalog, decisions, searches
 from service.store.db import session_scope
 from service.store.models import Decision, DecisionStatus
 
 from .capacity import ByteBoundedCache, LeaseHeartbeat, WorkQueue
-from .contract import ModuleAnalysis, PlanMeasurement, Realisation, SearchObserver, SearchOutcome, SearchStopped, SearchTask, WarmStart
+from .contract import ModuleAnalysis, Realisation, SearchObserver, SearchOutcome, SearchStopped, SearchTask, WarmStart
 from .errors import PoolSaturated, TilingFailed
 from .hardware import HardwareCatalog
+from .learning import Learner, save_measurements
 from .request import TilingRequest
 from .worker import analyse_request, check_search_shapes, realise_plan, search_and_realise
 
@@ -124,17 +126,6 @@ def _replaces(outcome: SearchOutcome, stored: Decision) -> bool:
     return outcome.stats.measured is not None or _latency(outcome.predicted) < _latency(stored.predicted_cost)
 
 
-def _save_measurements(session: Session, timings: list[PlanMeasurement], hardware_hash: str, decision_id: int) -> None:
-    """Every IREE timing the search took, for the host's fidelity (the dashboard) and calibration."""
-    for m in timings:
-        measurements.save_measurement(
-            session, plan_hash=m.plan_hash, hardware_hash=hardware_hash, ok=m.ok, median_s=m.median_s,
-            samples=m.samples_s, error=m.error, iree_version=m.iree_version, decision_id=decision_id,
-            config={"role": m.role, "lowering_configs": m.config, "cpu_median_s": m.cpu_median_s,
-                    "cpu_samples_s": m.cpu_samples_s},
-        )
-
-
 class TilingService:
     """Decisions for requests, shared across threads of one process (the sandbox is its pool)."""
 
@@ -143,6 +134,8 @@ class TilingService:
         self.sandbox = sandbox
         self.settings = settings
         self.hardware = HardwareCatalog(sessions)
+        # Fits a calibrated profile in the background once enough measurements are stored.
+        self.learner = Learner(sessions, self.hardware, settings, run_task=self._run)
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         # MLIR tasks queue for the workers (bounded, with a wait); see WorkQueue.
         self.queue = WorkQueue(sandbox.workers, settings.queue_depth, settings.queue_wait_s)
@@ -162,6 +155,10 @@ class TilingService:
         # A decision's texts re-applied to another text of the same structure.
         self._realised: ByteBoundedCache[tuple[str, str, str], Realisation] = ByteBoundedCache(
             max(1, settings.decision_cache_bytes // 4), lambda r: len(r.model_dump_json()))
+
+    def close(self) -> None:
+        """Stop background learning (the sandbox is the caller's to close)."""
+        self.learner.close()
 
     def decide(self, request: TilingRequest, long: LongSearch | None = None) -> TilingOutcome:
         """The decision for `request`: stored (hit), refined, or searched now (warm / miss).
@@ -260,7 +257,9 @@ class TilingService:
             cache: CacheState = "refined" if refining else "warm" if warm else "miss"
             timings["total_s"] = time.perf_counter() - t0
             decision = self._store(request, analysis, hardware, stored, outcome, cache, warm, timings, key,
-                                   text_key, effort, owner)
+                                   text_key, effort, owner, source="job" if long else "tiling")
+        if outcome.measurements:
+            self.learner.after_measuring()
         return self._answer(decision, cache, request, text_key, hardware, timings)
 
     def _hit(self, decision: Decision, request: TilingRequest, text_key: str, hardware: HardwareModel,
@@ -287,7 +286,7 @@ class TilingService:
 
     def _store(self, request: TilingRequest, analysis: ModuleAnalysis, hardware: HardwareModel, claimed: Decision,
                outcome: SearchOutcome, cache: CacheState, warm: list[WarmStart], timings: dict[str, float],
-               key: str, text_key: str, effort: decisions.Effort, owner: str) -> Decision:
+               key: str, text_key: str, effort: decisions.Effort, owner: str, source: str) -> Decision:
         """Complete the claimed decision with the search's outcome (a refinement: only if it is
         better than the stored plan), record the effort, store trials and group records."""
         realised = outcome.realised
@@ -319,7 +318,9 @@ class TilingService:
                 self._done.put(key, decision)
             searches.save_trials(session, claimed.id, [
                 searches.TrialRecord(**t.model_dump()) for t in outcome.trials])
-            _save_measurements(session, outcome.measurements, hardware.content_hash(), claimed.id)
+            save_measurements(session, outcome.measurements, hardware_hash=hardware.content_hash(),
+                              module_fingerprint=analysis.fingerprint, source=source, decision_id=claimed.id,
+                              shape_hints=request.shape_hints)
             for best in outcome.group_bests:
                 searches.record_group_best(session, signature=best.signature, hardware_hash=hardware.content_hash(),
                                            plan=best.plan.model_dump(mode="json"), latency_s=best.latency_s,

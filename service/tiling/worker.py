@@ -13,7 +13,8 @@ from service.measure.lowering import CONFIGURABLE_KINDS, compilation_info_text, 
 from service.measure.tools import host_translation_info
 from service.measure.tuning_spec import spec_for_plan
 from service.search.candidate import Evaluation
-from service.measure.timing import Measurement
+from service.measure.cache import host_key
+from service.measure.timing import Measurement, cpu_per_core_s
 from service.search.engine import tune
 from service.search.refine import Refinement, refine, with_measured_choice
 from service.search.results import TuneResult
@@ -133,11 +134,24 @@ def _stats(result: TuneResult) -> SearchStats:
     )
 
 
-def _plan_measurement(plan_hash: str, role: str, m: Measurement) -> PlanMeasurement:
-    return PlanMeasurement(plan_hash=plan_hash, role=role, ok=m.ok, median_s=m.median_s, samples_s=m.samples_s,
+def plan_measurement(plan: dict, plan_hash: str, role: str, m: Measurement, default: Measurement | None,
+                      host: str) -> PlanMeasurement:
+    return PlanMeasurement(plan_hash=plan_hash, plan=plan, role=role, host_key=host, cpu_s=cpu_per_core_s(m),
+                           default_cpu_s=cpu_per_core_s(default) if default is not None else None,
+                           ok=m.ok, median_s=m.median_s, samples_s=m.samples_s,
                            cpu_median_s=m.cpu_median_s, cpu_samples_s=m.cpu_samples_s,
                            config=[c.model_dump(mode="json") for c in m.config], error=m.error,
                            iree_version=m.iree_version)
+
+
+def refinement_measurements(refinement: Refinement) -> list[PlanMeasurement]:
+    """Every timing a refinement took (its candidates, then IREE's default), on this host."""
+    host, default = host_key(), refinement.default
+    timings = [plan_measurement(c.plan, c.plan_hash, "candidate", c.measured, default, host)
+               for c in refinement.candidates]
+    if default is not None:
+        timings.append(plan_measurement(Plan().model_dump(), Plan().plan_hash(), "default", default, default, host))
+    return timings
 
 
 def _iree_default_fastest(refinement: Refinement) -> bool:
@@ -162,10 +176,7 @@ def measured_choice(source: str, result: TuneResult, k: int) -> tuple[TuneResult
                                            "predicted": untiled.cost or {"latency_s": untiled.latency_s},
                                            "feasible": untiled.feasible})
     chosen = chosen.model_copy(update={"measured": (chosen.measured or {}) | {"top": k, "kept": kept}})
-    timings = [_plan_measurement(c.plan_hash, "candidate", c.measured) for c in refinement.candidates]
-    if refinement.default is not None:
-        timings.append(_plan_measurement(Plan().plan_hash(), "default", refinement.default))
-    return chosen, timings
+    return chosen, refinement_measurements(refinement)
 
 
 def search_and_realise(source: str, task: SearchTask, observer: SearchObserver | None = None) -> SearchOutcome:

@@ -16,10 +16,11 @@ from scipy.stats import spearmanr
 from sqlalchemy.orm import Session
 
 from service.hardware.model import HardwareModel
-from service.hardware.profiles import get_profile, list_profiles
+from service.hardware.profiles import list_profiles
 from service.store import catalog
 from service.store.dashboard_queries import PredictedMeasured
 from service.store.models import Decision, Module, Trial
+from service.tiling.hardware import find_hardware
 
 # `func.func @name(` / `func.func private @"quoted name"(`: the name people know a module by.
 _FUNC_NAME = re.compile(r'func\.func\s+(?:(?:public|private|nested)\s+)?@("(?:[^"\\]|\\.)*"|[\w$.-]+)')
@@ -47,17 +48,15 @@ class KnownHardware:
 
 
 def known_hardware(session: Session) -> list[KnownHardware]:
-    """Stored models shadow built-in profiles of the same name (as the API resolves names)."""
+    """Every name as the API resolves it: stored models shadow built-in profiles of the same
+    name, and a calibration in use on this host replaces the model."""
     found: dict[str, KnownHardware] = {}
-    for name in list_profiles():
+    for name in sorted(set(list_profiles()) | {row.name for row in catalog.list_hardware(session)}):
         try:
-            model = get_profile(name)
+            named = find_hardware(session, name)
         except ValueError:  # an invalid JSON profile in the hardware dir: not nameable
             continue
-        found[name] = KnownHardware(name, model.content_hash(), "builtin", model)
-    for row in catalog.list_hardware(session):
-        model = HardwareModel.model_validate(row.spec)
-        found[row.name] = KnownHardware(row.name, row.hash, "stored", model)
+        found[name] = KnownHardware(name, named.model.content_hash(), named.source, named.model)
     return [found[name] for name in sorted(found)]
 
 

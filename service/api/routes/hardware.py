@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from service.api.deps import DbSession, TilingServiceDep, TokenAuth
-from service.api.schemas import ErrorBody, HardwareList, HardwareOut
+from service.api.schemas import ErrorBody, HardwareDetail, HardwareList, HardwareOut
 from service.hardware.model import HardwareModel
 from service.tiling.hardware import NamedHardware, find_hardware, list_named_hardware
 
@@ -24,6 +24,9 @@ def list_hardware(session: DbSession) -> HardwareList:
     return HardwareList(items=[HardwareOut.from_named(named) for named in list_named_hardware(session)])
 
 
-@router.get("/{name}", response_model=HardwareOut, responses={404: {"model": ErrorBody}})
-def get_hardware(name: str, session: DbSession) -> HardwareOut:
-    return HardwareOut.from_named(find_hardware(session, name))  # UnknownHardwareError -> 404
+@router.get("/{name}", response_model=HardwareDetail, responses={404: {"model": ErrorBody}})
+def get_hardware(name: str, session: DbSession, service: TilingServiceDep) -> HardwareDetail:
+    """The model the name resolves to (calibrated when a calibration is in use on this host), its
+    fidelity on this host's stored measurements and its calibration state."""
+    named = find_hardware(session, name)  # UnknownHardwareError -> 404
+    return HardwareDetail.from_parts(named, service.learner.report(name))
