@@ -286,11 +286,11 @@ def _judge(c: _Candidate, hardware: HardwareModel, measure_top: int) -> None:
     c.left = predicted_verdict(c.latency_s, c.default_s)
 
 
-def _search_record(c: _Candidate, total_budget: int, measure_top: int) -> DispatchSearch:
+def _search_record(c: _Candidate, measure_top: int) -> DispatchSearch:
     assert c.result is not None and c.plan is not None
     result = c.result.model_copy(update={
         "plan": c.plan, "plan_hash": Plan.model_validate(c.plan).plan_hash(), "predicted": c.predicted or {},
-        "feasible": bool((c.predicted or {}).get("feasible", True)), "budget": total_budget,
+        "feasible": bool((c.predicted or {}).get("feasible", True)), "budget": c.evaluations,
         "evaluations": c.evaluations, "elapsed_s": c.seconds, "complete": c.complete,
         "measured": None})
     if c.refinement is not None and c.measured_s is not None:
@@ -354,7 +354,7 @@ def tune_model(model: Path, hardware: HardwareModel, spec_out: Path, *, budget: 
             if c.note and report.reason is None:
                 report.reason = c.note
             tuned[c.dispatch.entry] = (c, matcher.lowering_config)
-            searches.append(_search_record(c, total, measure_top))
+            searches.append(_search_record(c, measure_top))
         if matchers:
             spec_out.write_text(tuning_spec(list(matchers.values())))
         problems = _verify(model, spec_out, tuned, reports, default, workdir) if verify and tuned else []

@@ -162,10 +162,7 @@ def measured_choice(source: str, result: TuneResult, k: int) -> tuple[TuneResult
                                            "predicted": untiled.cost or {"latency_s": untiled.latency_s},
                                            "feasible": untiled.feasible})
     chosen = chosen.model_copy(update={"measured": (chosen.measured or {}) | {"top": k, "kept": kept}})
-    timings = [_plan_measurement(c.plan_hash, "candidate", c.measured) for c in refinement.candidates]
-    if refinement.default is not None:
-        timings.append(_plan_measurement(Plan().plan_hash(), "default", refinement.default))
-    return chosen, timings
+    return chosen, refinement_timings(refinement)
 
 
 def search_and_realise(source: str, task: SearchTask, observer: SearchObserver | None = None) -> SearchOutcome:
@@ -195,8 +192,16 @@ def search_and_realise(source: str, task: SearchTask, observer: SearchObserver |
     measurements: list[PlanMeasurement] = []
     if task.measure_top:
         result, measurements = measured_choice(source, result, task.measure_top)
+    return outcome_of(source, result, task.hardware, measurements, task.trial_offset)
+
+
+def outcome_of(source: str, result: TuneResult, hardware: HardwareModel, measurements: list[PlanMeasurement],
+               trial_offset: int = 0) -> SearchOutcome:
+    """A finished search of `source` as the store keeps it: its plan realised (tiled IR, script,
+    origin map, IREE compilation_info and tuning spec), trials, group records and timings."""
+    graph = cached_analysis(source).graph
     plan = Plan.model_validate(result.plan)
-    translation_info = _translation_info_for(hardware=task.hardware)
+    translation_info = _translation_info_for(hardware=hardware)
     return SearchOutcome(
         plan=plan,
         predicted=result.predicted,
@@ -204,11 +209,19 @@ def search_and_realise(source: str, task: SearchTask, observer: SearchObserver |
         realised=apply_plan_to_text(source, plan) if plan.groups else None,
         compilation_info=compilation_infos(graph, plan, translation_info),
         tuning_spec=spec_for_plan(graph, plan, translation_info),
-        trials=_trials(result, task.trial_offset),
+        trials=_trials(result, trial_offset),
         group_bests=_group_bests(graph, plan, result),
         stats=_stats(result),
         measurements=measurements,
     )
+
+
+def refinement_timings(refinement: Refinement) -> list[PlanMeasurement]:
+    """Every timing a refinement took, as the store keeps them."""
+    timings = [_plan_measurement(c.plan_hash, "candidate", c.measured) for c in refinement.candidates]
+    if refinement.default is not None:
+        timings.append(_plan_measurement(Plan().plan_hash(), "default", refinement.default))
+    return timings
 
 
 def realise_plan(source: str, plan: Plan, hardware: HardwareModel) -> Realisation:
