@@ -67,11 +67,11 @@ def model_tune_cmd(
         return
     table = Table(title=f"{file.name} on {hw.name}: {sum(d.tuned for d in report.dispatches)} of "
                         f"{len(report.dispatches)} dispatches tuned")
-    for col in ("dispatch", "weight", "root", "tuned", "predicted ms", "reason"):
+    for col in ("dispatch", "weight", "root", "tuned", "predicted ms", "IREE default ms", "reason"):
         table.add_column(col)
     for d in report.dispatches:
-        table.add_row(d.name, str(d.weight), d.root_op or "-", "yes" if d.tuned else "no",
-                      f"{d.predicted_s * 1e3:.3f}" if d.predicted_s is not None else "-", d.reason or "")
+        table.add_row(d.name, str(d.weight), d.root_op or "-", "yes" if d.tuned else "no", _ms(d.predicted_s),
+                      _ms(d.iree_default_predicted_s), d.reason or "")
     Console(width=max(Console().width, 160)).print(table)
     if report.spec:
         typer.echo(f"wrote {report.spec} (IREE applied it to every tuned dispatch: {report.verified}); "
@@ -80,6 +80,10 @@ def model_tune_cmd(
         typer.echo("nothing to tune: no spec written")
     if run_id is not None:
         typer.echo(f"stored as model run {run_id} (tilesearch model spec {run_id} -o spec.mlir)")
+
+
+def _ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1e3:.3f}"
 
 
 def _store_sessions():
