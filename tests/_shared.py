@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
+
+from service.model_tuning import guard
+from service.search import engine
 
 SHARED = Path(os.environ.get("TILESEARCH_SHARED_DIR", Path(__file__).resolve().parents[2] / "shared"))
 WORKLOADS = SHARED / "workloads"
@@ -152,3 +159,15 @@ ZEN3_HOST_CACHES = [
 ]
 ZEN3_HOST_CPUINFO = ("processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 1\n"
                      "flags\t\t: fpu sse sse2 avx avx2 fma\n")
+
+
+@contextlib.contextmanager
+def tuning_every_dispatch() -> Iterator[None]:
+    """For tests of the whole-model pipeline (spec, proof, numerics, store), not of its caution:
+    the search answers with its best predicted plan and the guard ships it, so a small model
+    whose matmuls IREE's default already serves well still has dispatches to tune."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(engine, "KEEP_START_MARGIN", 0.0)
+        mp.setattr(guard, "PREDICTED_MARGIN", -1.0)
+        yield
+

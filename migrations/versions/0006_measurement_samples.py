@@ -8,7 +8,7 @@ was. Existing rows under a built-in profile's name are taken as recorded (not cu
 others as custom; a built-in name a user had overridden must be stored again (POST /v1/hardware).
 Measurements from before carry no plan, module nor host: they are not learnt from.
 
-Revision ID: 0006
+Revision ID: 0006_measurement_samples
 Revises: 0005_decision_effort
 Create Date: 2026-11-27
 
@@ -20,7 +20,7 @@ import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects import postgresql
 
-revision: str = "0006"
+revision: str = "0006_measurement_samples"
 down_revision: str | Sequence[str] | None = "0005_decision_effort"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None

@@ -19,7 +19,7 @@ from service.api.dashboard.auth import LoginRequired
 from service.api.errors import install_error_handlers
 from service.api.metrics import ApiMetrics
 from service.api.middleware import BodySizeLimit, RequestMetrics
-from service.api.routes import hardware, health, jobs, tilings
+from service.api.routes import hardware, health, jobs, models, tilings
 from service.config import Settings, get_settings
 from service.ir.sandbox import Sandbox
 from service.jobs.wiring import open_jobs
@@ -71,7 +71,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.settings = settings
     app.state.metrics = metrics = ApiMetrics()
     install_error_handlers(app)
-    for router in (tilings.router, hardware.router, health.router, jobs.router):
+    for router in (tilings.router, hardware.router, health.router, jobs.router, models.router):
         app.include_router(router)
 
     # The dashboard: server-rendered pages at / and its vendored scripts under /static.

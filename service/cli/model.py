@@ -21,6 +21,8 @@ def model_tune_cmd(
     seconds: float | None = typer.Option(None, "--seconds", help="wall-clock limit for the search"),
     measure_top: int = typer.Option(0, "--measure-top", min=0, help="measure each tuned dispatch's K best predicted plans beside IREE's default"),
     seed: int = typer.Option(0, "--seed"),
+    store: bool = typer.Option(True, "--store/--no-store", help="keep the run, its spec and its dispatches' "
+                                                                 "decisions in the store (DATABASE_URL)"),
     as_json: bool = typer.Option(False, "--json", help="print JSON"),
 ) -> None:
     """Tune every dispatch IREE forms for the model and write one tuning spec IREE is shown to apply."""
@@ -38,6 +40,7 @@ def model_tune_cmd(
         hw = get_profile(hardware)
     except UnknownHardwareError as exc:
         raise _ir_failure(exc) from None
+    sessions = _store_sessions() if store else None  # before the search: a store that is not ready costs nothing
     columns = (TextColumn("tuning {task.fields[dispatch]}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, transient=True, disable=as_json or not sys.stderr.isatty()) as bar:
         task = bar.add_task("model", total=None, dispatch="")
@@ -53,22 +56,96 @@ def model_tune_cmd(
         except SpecNotApplied as exc:
             typer.echo(f"error: {exc}", err=True)
             raise typer.Exit(3) from None
+    run_id = None
+    if sessions is not None:
+        from service.model_tuning.runs import store_model_run
+
+        options = {"budget": budget, "seconds": seconds, "seed": seed, "measure_top": measure_top}
+        run_id = store_model_run(sessions, file.read_bytes(), file.name.split(".")[0], hw, report, options)
     if as_json:
-        typer.echo(json.dumps(report.summary(), indent=2))
+        typer.echo(json.dumps(report.summary() | {"run_id": run_id}, indent=2))
         return
     table = Table(title=f"{file.name} on {hw.name}: {sum(d.tuned for d in report.dispatches)} of "
                         f"{len(report.dispatches)} dispatches tuned")
-    for col in ("dispatch", "weight", "root", "tuned", "predicted ms", "reason"):
+    for col in ("dispatch", "weight", "root", "tuned", "predicted ms", "IREE default ms", "reason"):
         table.add_column(col)
     for d in report.dispatches:
-        table.add_row(d.name, str(d.weight), d.root_op or "-", "yes" if d.tuned else "no",
-                      f"{d.predicted_s * 1e3:.3f}" if d.predicted_s is not None else "-", d.reason or "")
+        table.add_row(d.name, str(d.weight), d.root_op or "-", "yes" if d.tuned else "no", _ms(d.predicted_s),
+                      _ms(d.iree_default_predicted_s), d.reason or "")
     Console(width=max(Console().width, 160)).print(table)
     if report.spec:
         typer.echo(f"wrote {report.spec} (IREE applied it to every tuned dispatch: {report.verified}); "
                    f"predicted {report.predicted_total_s * 1e3:.3f} ms for the tuned dispatches")
     else:
         typer.echo("nothing to tune: no spec written")
+    if run_id is not None:
+        typer.echo(f"stored as model run {run_id} (tilesearch model spec {run_id} -o spec.mlir)")
+
+
+def _ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1e3:.3f}"
+
+
+def _store_sessions():
+    """Sessions on the store of DATABASE_URL, which must be at the migrations' head (exit 2 if not)."""
+    from service.store.db import default_engine, default_sessionmaker
+    from service.store.migrate import check_ready
+
+    ready, why = check_ready(default_engine())
+    if not ready:
+        typer.echo(f"error: the store is not ready ({why}): run `tilesearch db upgrade`, or pass --no-store", err=True)
+        raise typer.Exit(2)
+    return default_sessionmaker()
+
+
+@model_app.command("runs")
+def model_runs_cmd(
+    limit: int = typer.Option(20, "--limit", min=1, max=500, help="newest first"),
+    as_json: bool = typer.Option(False, "--json", help="print JSON (each run with its per-dispatch report)"),
+) -> None:
+    """The stored model runs, newest first."""
+    import json
+
+    from service.model_tuning.runs import stored_runs
+    from service.store.db import session_scope
+
+    with session_scope(_store_sessions()) as session:
+        runs, _ = stored_runs(session, limit=limit)
+    if as_json:
+        typer.echo(json.dumps([r.model_dump(mode="json") for r in runs], indent=2))
+        return
+    if not runs:
+        typer.echo("no model runs stored")
+        return
+    for r in runs:
+        tuned = sum(d.tuned for d in r.dispatches)
+        typer.echo(f"{r.id:>5}  {r.created_at:%Y-%m-%d %H:%M:%S}  {r.name}  {r.hardware}  {tuned}/{len(r.dispatches)} "
+                   f"tuned  predicted {r.predicted_total_s * 1e3:.3f} ms  {'spec' if r.has_spec else 'no spec'}")
+
+
+@model_app.command("spec")
+def model_spec_cmd(
+    run_id: int = typer.Argument(..., help="a stored model run (tilesearch model runs)"),
+    out: Path | None = typer.Option(None, "-o", "--out", help="write the spec here (default: stdout)"),
+) -> None:
+    """The IREE tuning spec of a stored model run."""
+    from service.store import model_runs
+    from service.store.db import session_scope
+
+    with session_scope(_store_sessions()) as session:
+        run = model_runs.get_model_run(session, run_id)
+        spec = None if run is None else run.spec
+    if run is None:
+        typer.echo(f"error: no model run {run_id}", err=True)
+        raise typer.Exit(2)
+    if spec is None:
+        typer.echo(f"error: model run {run_id} tuned no dispatch: it has no spec", err=True)
+        raise typer.Exit(1)
+    if out is None:
+        typer.echo(spec, nl=False)
+        return
+    out.write_text(spec)
+    typer.echo(f"wrote {out}", err=True)
 
 
 @model_app.command("bench")

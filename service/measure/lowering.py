@@ -69,6 +69,17 @@ def lowering_config_from_levels(
     )
 
 
+def levels_from_lowering_config(config: LoweringConfig) -> list[dict[str, Any]]:
+    """The inverse of `lowering_config_from_levels`: IREE's three CPU tiling levels as a plan's
+    levels (distribution as a forall, the vector levels as for loops), so that the cost model
+    can price IREE's own choice beside the search's. Other levels IREE may add are not modelled."""
+    return [
+        {"tile_sizes": list(config.distribution), "loop": "forall"},
+        {"tile_sizes": list(config.vector_common_parallel), "loop": "for"},
+        {"tile_sizes": list(config.vector_reduction), "loop": "for"},
+    ]
+
+
 def lowering_config_text(config: LoweringConfig) -> str:
     return (
         "#iree_cpu.lowering_config<"

@@ -7,10 +7,13 @@ one tuning spec that IREE is shown to apply.
    `compilation_info` there); every other dispatch is left to IREE with the reason.
 3. The search budget is spread by the gradient task scheduler (`service.search.task_scheduler`):
    each slice is one more `tune` of one dispatch, warm-started from its best plan so far.
+   IREE's own default config of each root (from the model compiled once without a spec) is
+   priced as a plan by the same evaluator, and a dispatch ships its tuned config only if it is
+   predicted (or measured) faster than that default by a margin (`guard.py`).
 4. The best plan's root group becomes a `compilation_info`, and the dispatch's root a contraction
    matcher (`service.measure.tuning_spec`). Roots that two dispatches share get one matcher.
-5. The model is compiled with and without the spec, and IREE's configuration dumps must show
-   every tuned root with the spec's config and every other dispatch as IREE's default had it.
+5. The model is compiled with the spec, and IREE's configuration dumps must show every tuned
+   root with the spec's config and every other dispatch as IREE's default build had it.
 """
 
 from __future__ import annotations
@@ -28,10 +31,12 @@ from service.ir.analysis import analyze
 from service.ir.dispatch import Dispatch, dispatches_of
 from service.ir.errors import IRError
 from service.ir.graph import OpGraph, TileableOp
+from service.ir.plan import Plan
 from service.measure.forcing import write_inputs
 from service.measure.tools import ToolFailure, host_translation_info
 from service.measure.tuning_spec import ContractionMatcher, contraction_matcher, tuning_spec
 from service.measure.whole_model import (
+    DispatchConfig,
     canonical_attribute,
     compile_model,
     dispatch_configs,
@@ -41,9 +46,11 @@ from service.measure.whole_model import (
     time_models,
 )
 from service.search.engine import tune
+from service.search.refine import Refinement, with_measured_choice
 from service.search.results import TuneResult
-from service.search.refine import refine
 from service.search.task_scheduler import TaskState, schedule
+
+from .guard import iree_default_plan, measure_against_default, predicted_default_s, predicted_verdict
 
 ProgressFn = Callable[[str, int, int], None]  # (dispatch name, slices done, slices in all)
 _SLICE = 32  # evaluations per scheduler slice
@@ -69,7 +76,23 @@ class DispatchReport(BaseModel):
     predicted_s: float | None = Field(description="predicted seconds per call of the dispatch")
     config: str | None = Field(description="the compilation_info the spec gives its root")
     iree_default: str | None = Field(default=None, description="the lowering_config IREE's default gave its root")
+    iree_default_predicted_s: float | None = Field(
+        default=None, description="predicted seconds per call with IREE's default config (same cost model)")
+    measured_s: float | None = Field(default=None, description="--measure-top: the fastest measured plan's CPU "
+                                                                "seconds per call, the dispatch compiled on its own")
+    iree_default_measured_s: float | None = Field(default=None, description="--measure-top: IREE's default, timed alike")
     evaluations: int = 0
+
+
+class DispatchSearch(BaseModel):
+    """A tuned dispatch's search, as the store keeps it (an ordinary decision of its module)."""
+
+    name: str
+    module: str
+    result: TuneResult = Field(description="every slice's trials; the plan and prediction the spec carries")
+    refinement: Refinement | None = None
+    seconds: float
+    complete: bool
 
 
 class ModelTuneReport(BaseModel):
@@ -80,10 +103,14 @@ class ModelTuneReport(BaseModel):
     predicted_total_s: float = Field(description="sum over tuned dispatches of weight x predicted seconds")
     verified: bool = Field(description="IREE applied the spec's config to every tuned root and nothing else")
     elapsed_s: float
+    searches: list[DispatchSearch] = Field(default_factory=list, exclude=True,
+                                           description="the tuned dispatches' searches, for the store")
 
     def summary(self) -> dict:
         return {"dispatches": [d.model_dump(include={"name", "fingerprint", "weight", "root_op", "tuned", "reason",
-                                                     "predicted_s", "config"}) for d in self.dispatches],
+                                                     "predicted_s", "config", "iree_default_predicted_s",
+                                                     "measured_s", "iree_default_measured_s"})
+                               for d in self.dispatches],
                 "spec": self.spec, "predicted_total_s": self.predicted_total_s, "verified": self.verified}
 
 
@@ -96,10 +123,19 @@ class _Candidate:
         self.root = root
         self.fingerprint = fingerprint
         self.plan: dict | None = None
+        self.predicted: dict | None = None  # the plan's cost
         self.latency_s: float | None = None
         self.evaluations = 0
+        self.seconds = 0.0
+        self.complete = True
         self.result: TuneResult | None = None  # the last slice's result, with every slice's trials
-        self.measured: str | None = None  # what measuring the top plans decided
+        self.default_plan: dict | None = None  # IREE's default config as a plan (guard.py)
+        self.default_s: float | None = None
+        self.refinement: Refinement | None = None
+        self.measured_s: float | None = None
+        self.default_measured_s: float | None = None
+        self.left: str | None = None  # why the guard leaves it to IREE
+        self.note: str | None = None  # what measuring decided, when it ships
 
 
 def _classify(dispatch: Dispatch) -> tuple[_Candidate | None, DispatchReport]:
@@ -182,11 +218,13 @@ def _search(candidates: list[_Candidate], hardware: HardwareModel, budget: int, 
         result = tune(c.dispatch.module, hardware, budget=_SLICE, seconds=left, seed=seed + n,
                       warm_start_plans=warm, workers=1, keep_pool=True)
         c.evaluations += result.evaluations
+        c.seconds += result.elapsed_s
+        c.complete = c.complete and result.complete
         trials = (c.result.trials if c.result is not None else []) + result.trials
         c.result = result.model_copy(update={"trials": trials})
         latency = result.predicted.get("latency_s") if result.feasible else None
         if latency is not None and (c.latency_s is None or latency < c.latency_s):
-            c.latency_s, c.plan = latency, result.plan
+            c.latency_s, c.plan, c.predicted = latency, result.plan, result.predicted
         if progress is not None:
             progress(c.dispatch.entry, sum(t.slices for t in tasks) + 1, slices)
         return c.latency_s
@@ -195,12 +233,23 @@ def _search(candidates: list[_Candidate], hardware: HardwareModel, budget: int, 
     schedule(tasks, slices, run_slice, stop)
 
 
-def _verify(model: Path, spec_path: Path, tuned: dict[str, tuple[_Candidate, str]], reports: list[DispatchReport],
-            workdir: Path) -> list[str]:
-    """Compile with and without the spec; the problems found (empty: the spec did what it says)."""
+def _default_build(model: Path, candidates: list[_Candidate], workdir: Path) -> dict[str, DispatchConfig]:
+    """Compile the model without a spec once: what IREE gives every dispatch by default (the
+    guard's baseline and the proof's reference). Each candidate gets IREE's root config as a plan."""
     compile_model(model, workdir / "default.vmfb", workdir / "default_configs")
-    compile_model(model, workdir / "tuned.vmfb", workdir / "tuned_configs", spec=spec_path)
     default = dispatch_configs(workdir / "default_configs")
+    for c in candidates:
+        got, index = default.get(c.dispatch.entry), _structured_index(c)
+        text = got.ops[index][1] if got is not None and index < len(got.ops) else None
+        c.default_plan = iree_default_plan(c.graph, c.root, text)
+    return default
+
+
+def _verify(model: Path, spec_path: Path, tuned: dict[str, tuple[_Candidate, str]], reports: list[DispatchReport],
+            default: dict[str, DispatchConfig], workdir: Path) -> list[str]:
+    """Compile with the spec; the problems found against the default build (empty: the spec did
+    what it says)."""
+    compile_model(model, workdir / "tuned.vmfb", workdir / "tuned_configs", spec=spec_path)
     with_spec = dispatch_configs(workdir / "tuned_configs")
     problems = []
     for report in reports:
@@ -209,8 +258,6 @@ def _verify(model: Path, spec_path: Path, tuned: dict[str, tuple[_Candidate, str
         if report.name in tuned:
             candidate, wanted = tuned[report.name]
             index = _structured_index(candidate)
-            if before is not None and index < len(before.ops):
-                report.iree_default = before.ops[index][1]
             if got is None or index >= len(got.ops) or got.ops[index][1] != canonical_attribute(wanted):
                 shown = got.ops[index][1] if got is not None and index < len(got.ops) else "nothing"
                 problems.append(f"{report.name}: IREE gave its root {shown}, the spec says {wanted}")
@@ -219,31 +266,46 @@ def _verify(model: Path, spec_path: Path, tuned: dict[str, tuple[_Candidate, str
     return problems
 
 
-def _measure_top(c: _Candidate, k: int) -> None:
-    """Time the k plans predicted fastest and IREE's default on this CPU (the dispatch compiled on
-    its own); keep the fastest measured, or IREE's default when it measured fastest."""
-    refinement = refine(c.dispatch.module, c.result, k)
-    if refinement.chosen is None:
-        c.measured = f"not measured: {refinement.not_measurable or 'no plan compiled'}"
-        return
-    chosen = refinement.candidates[refinement.chosen]
-    default = refinement.default.cpu_median_s if refinement.default is not None and refinement.default.ok else None
-    if default is not None and chosen.measured.cpu_median_s is not None and default <= chosen.measured.cpu_median_s:
-        c.plan = None
-        c.measured = (f"IREE's default measured fastest ({default * 1e3:.3f} ms against "
-                      f"{chosen.measured.cpu_median_s * 1e3:.3f} ms): its own config is kept")
-        return
-    c.plan, c.latency_s = chosen.plan, chosen.predicted_latency_s
-    c.measured = f"measured {chosen.measured.cpu_median_s * 1e3:.3f} ms, IREE's default {default * 1e3:.3f} ms" \
-        if default is not None else None
+def _judge(c: _Candidate, hardware: HardwareModel, measure_top: int) -> None:
+    """The guard (guard.py): the tuned plan ships only if it beats IREE's default, measured when
+    asked (the K best predicted plans and IREE's default, the dispatch compiled on its own),
+    else predicted; `c.left` says why not."""
+    c.default_s = predicted_default_s(c.dispatch.module or "", hardware, c.default_plan)
+    if measure_top and c.result is not None and c.plan:
+        c.refinement, verdict = measure_against_default(c.dispatch.module or "", c.result, measure_top, c.default_plan)
+        if verdict is not None:
+            c.measured_s, c.default_measured_s = verdict.tuned_s, verdict.default_s
+            if not verdict.keep:
+                c.left = verdict.reason
+                return
+            chosen = with_measured_choice(c.result, c.refinement)
+            c.plan, c.predicted, c.latency_s = chosen.plan, chosen.predicted, chosen.predicted.get("latency_s")
+            c.note = verdict.reason
+            return
+        c.note = f"not measured ({c.refinement.not_measurable or 'no plan and IREE default both timed'}): predicted"
+    c.left = predicted_verdict(c.latency_s, c.default_s)
+
+
+def _search_record(c: _Candidate, measure_top: int) -> DispatchSearch:
+    assert c.result is not None and c.plan is not None
+    result = c.result.model_copy(update={
+        "plan": c.plan, "plan_hash": Plan.model_validate(c.plan).plan_hash(), "predicted": c.predicted or {},
+        "feasible": bool((c.predicted or {}).get("feasible", True)), "budget": c.evaluations,
+        "evaluations": c.evaluations, "elapsed_s": c.seconds, "complete": c.complete,
+        "measured": None})
+    if c.refinement is not None and c.measured_s is not None:
+        result = result.model_copy(update={"measured": c.refinement.summary() | {"top": measure_top, "kept": "candidate"}})
+    return DispatchSearch(name=c.dispatch.entry, module=c.dispatch.module or "", result=result,
+                          refinement=c.refinement, seconds=c.seconds, complete=c.complete)
 
 
 def tune_model(model: Path, hardware: HardwareModel, spec_out: Path, *, budget: int | None = None,
                seconds: float | None = None, seed: int = 0, measure_top: int = 0, verify: bool = True,
                progress: ProgressFn | None = None) -> ModelTuneReport:
     """Tune every dispatch of `model` IREE forms for this CPU and write one tuning spec.
-    measure_top: time each tuned dispatch's K best predicted plans beside IREE's default and keep
-    the fastest measured (or IREE's own config)."""
+    A dispatch ships its tuned config only when it beats IREE's default by the guard's margin
+    (predicted; with measure_top K, measured: its K best predicted plans timed beside IREE's
+    default)."""
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="tilesearch-model-") as tmp:
         workdir = Path(tmp)
@@ -255,22 +317,29 @@ def tune_model(model: Path, hardware: HardwareModel, spec_out: Path, *, budget: 
         classified = [_classify(d) for d in dispatches]
         candidates = [c for c, _ in classified if c is not None]
         reports = [r for _, r in classified]
+        default = _default_build(model, candidates, workdir) if candidates else {}
         total = budget if budget is not None else 64 * max(1, len(candidates))
         if candidates:
             _search(candidates, hardware, total, seconds, seed, progress)
         for c in candidates:
-            if measure_top and c.result is not None and c.plan:
-                _measure_top(c, measure_top)
+            _judge(c, hardware, measure_top)
         translation = host_translation_info() if hardware.name == "host-cpu" else None
         matchers: dict[tuple, ContractionMatcher] = {}
         tuned: dict[str, tuple[_Candidate, str]] = {}
+        searches: list[DispatchSearch] = []
         by_name = {r.name: r for r in reports}
         ranked = sorted(candidates, key=lambda c: -(c.dispatch.weight * (c.latency_s or 0.0)))
         for c in ranked:
             report = by_name[c.dispatch.entry]
             report.evaluations, report.predicted_s = c.evaluations, c.latency_s
-            if c.measured is not None and c.plan is None:
-                report.reason = c.measured
+            report.iree_default_predicted_s = c.default_s
+            report.measured_s, report.iree_default_measured_s = c.measured_s, c.default_measured_s
+            before = default.get(c.dispatch.entry)
+            index = _structured_index(c)
+            if before is not None and index < len(before.ops):
+                report.iree_default = before.ops[index][1]
+            if c.left is not None:
+                report.reason = c.left
                 continue
             matcher = _matcher(c, f"dispatch_{len(matchers)}", translation)
             if matcher is None:
@@ -282,19 +351,20 @@ def tune_model(model: Path, hardware: HardwareModel, spec_out: Path, *, budget: 
             else:
                 matchers[matcher.matched] = matcher
             report.tuned, report.config = True, matcher.compilation_info
-            if c.measured and report.reason is None:
-                report.reason = c.measured
+            if c.note and report.reason is None:
+                report.reason = c.note
             tuned[c.dispatch.entry] = (c, matcher.lowering_config)
+            searches.append(_search_record(c, measure_top))
         if matchers:
             spec_out.write_text(tuning_spec(list(matchers.values())))
-        problems = _verify(model, spec_out, tuned, reports, workdir) if verify and tuned else []
+        problems = _verify(model, spec_out, tuned, reports, default, workdir) if verify and tuned else []
         if problems:
             raise SpecNotApplied("the tuning spec was not applied as written:\n  " + "\n  ".join(problems))
     predicted = sum(r.weight * (r.predicted_s or 0.0) for r in reports if r.tuned)
     return ModelTuneReport(model=str(model), hardware=hardware.name, dispatches=reports,
                            spec=str(spec_out) if matchers else None,
                            predicted_total_s=predicted, verified=verify and bool(tuned) and not problems,
-                           elapsed_s=time.perf_counter() - t0)
+                           elapsed_s=time.perf_counter() - t0, searches=searches)
 
 
 class ModelBenchmark(BaseModel):

@@ -409,3 +409,17 @@ class Evaluator:
 
     def evaluate(self, items: list[Item]) -> list[Evaluation]:
         return self.collect(self.submit(items))
+
+
+def price_plans(source: str, hardware: HardwareModel, plans: list[dict], shape_hints: dict | None = None) -> list[Evaluation]:
+    """Whole-module evaluations of plans made elsewhere (IREE's own config, as a plan), by the
+    search's evaluator in the process's kept pool: priced exactly as a search prices its own."""
+    evaluator = Evaluator(source, hardware, shape_hints or {}, workers=1, keep_pool=True)
+    try:
+        items: list[Item] = []
+        for p in plans:
+            plan = Plan.model_validate(p)
+            items.append((Candidate(params={}, source="given", plan=plan), plan))
+        return evaluator.evaluate(items)
+    finally:
+        evaluator.close()

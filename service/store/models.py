@@ -341,3 +341,39 @@ class JobItem(Base):
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime, default=None)
     heartbeat_at: Mapped[datetime | None] = mapped_column(UTCDateTime, default=None)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class ModelRun(Base):
+    """One whole model tuned (`tilesearch model tune`): what went in, the per-dispatch report,
+    and the IREE tuning spec that came out."""
+
+    __tablename__ = "model_runs"
+    __table_args__ = (Index("ix_model_runs_fingerprint_id", "fingerprint", "id"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    fingerprint: Mapped[str] = mapped_column(String(HASH_LEN))  # sha256 of the model's text as given
+    name: Mapped[str] = mapped_column(String(200))
+    hardware: Mapped[str] = mapped_column(String(200))  # the hardware model's name
+    hardware_hash: Mapped[str] = mapped_column(String(HASH_LEN))
+    # budget, seconds, seed, measure_top: what the run was asked for.
+    options: Mapped[dict[str, Any]] = mapped_column(JSONType, default=dict)
+    # One entry per dispatch IREE formed: tuned or left to IREE with why, predictions, measurements.
+    dispatches: Mapped[list[dict[str, Any]]] = mapped_column(JSONType, default=list)
+    predicted_total_s: Mapped[float] = mapped_column(Float)
+    verified: Mapped[bool] = mapped_column(Boolean)
+    spec: Mapped[str | None] = mapped_column(Text, default=None)  # None: nothing was tuned
+    elapsed_s: Mapped[float] = mapped_column(Float)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class ModelRunDecision(Base):
+    """A tuned dispatch of a model run and the decision its module has (an ordinary decision:
+    a later request for the same dispatch is served from it)."""
+
+    __tablename__ = "model_run_decisions"
+    __table_args__ = (UniqueConstraint("run_id", "name"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("model_runs.id", ondelete="CASCADE"), index=True)
+    name: Mapped[str] = mapped_column(String(300))  # IREE's name of the dispatch function
+    decision_id: Mapped[int | None] = mapped_column(ForeignKey("decisions.id", ondelete="SET NULL"), default=None)

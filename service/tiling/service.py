@@ -60,7 +60,7 @@ log = logging.getLogger("tilesearch.tiling")
 CacheState = Literal["hit", "warm", "miss", "refined"]
 T = TypeVar("T")
 
-__all__ = ["CacheState", "TilingOutcome", "TilingRequest", "TilingService"]
+__all__ = ["CacheState", "StoredSearch", "TilingOutcome", "TilingRequest", "TilingService", "decision_parts", "store_outcome"]
 
 
 @dataclass(frozen=True)
@@ -97,6 +97,19 @@ def _shape_bucket(request: TilingRequest) -> str:
     return json.dumps({"hints": request.shape_hints or {}, "buckets": request.buckets or {}}, sort_keys=True)
 
 
+def decision_parts(fingerprint: str, hardware: HardwareModel, request: TilingRequest) -> decisions.DecisionKeyParts:
+    """The key parts of the decision that answers `request` for a module of this fingerprint."""
+    return decisions.DecisionKeyParts(
+        module_fingerprint=fingerprint,
+        hardware_hash=hardware.content_hash(),
+        search_space_version=SPACE_VERSION,
+        cost_model_version=COST_MODEL_VERSION,
+        objective=request.objective,
+        shape_bucket=_shape_bucket(request),
+        provider_version=provider_version(),
+    )
+
+
 def _decision_bytes(row: Decision) -> int:
     """About what a cached decision holds: its texts and JSON columns."""
     texts = sum(len(t or "") for t in (row.tiled_module, row.transform_script, row.tuning_spec))
@@ -124,6 +137,65 @@ def _replaces(outcome: SearchOutcome, stored: Decision) -> bool:
     if _chosen_by_measurement(stored.search_stats):
         return False
     return outcome.stats.measured is not None or _latency(outcome.predicted) < _latency(stored.predicted_cost)
+
+
+@dataclass(frozen=True)
+class StoredSearch:
+    """What a finished search is stored against: its module, the claim on its decision and the
+    effort it was asked for."""
+
+    module: str
+    analysis: ModuleAnalysis
+    hardware: HardwareModel
+    claimed: Decision
+    owner: str
+    effort: decisions.Effort
+    source: str = "tiling"  # who took its measurements (stored with them)
+    shape_hints: dict | None = None
+
+
+def store_outcome(sessions: sessionmaker[Session], stored: StoredSearch, outcome: SearchOutcome, *,
+                  cache: CacheState, warm: list[WarmStart], timings: dict[str, float], text_key: str) -> Decision:
+    """Complete the claimed decision with the search's outcome (a refinement: only if it is
+    better than the stored plan), record the effort, store trials, measurements and group records."""
+    claimed, hardware, analysis = stored.claimed, stored.hardware, stored.analysis
+    realised = outcome.realised
+    stats = outcome.stats.model_dump() | {"cache": cache, "warm_start_groups": [w.signature for w in warm]}
+    refining = claimed.status == DecisionStatus.DONE
+    better = not refining or _replaces(outcome, claimed)
+    new_effort = decisions.merged_effort(claimed.effort if refining else None, stored.effort, outcome.stats.complete)
+    result = decisions.DecisionResult(
+        plan=outcome.plan.model_dump(),
+        predicted_cost=outcome.predicted,
+        baseline=outcome.baseline,
+        transform_script=realised.transform_script if realised else None,
+        tiled_module=realised.tiled_module if realised else None,
+        compilation_info={uid: info.model_dump() for uid, info in outcome.compilation_info.items()},
+        tuning_spec=outcome.tuning_spec,
+        origin_map=realised.origin if realised else None,
+        search_stats=stats,
+        timings=timings,
+        realised_for=text_key,
+    ) if better else None
+    with session_scope(sessions) as session:
+        catalog.upsert_module(session, analysis.fingerprint, stored.module,
+                              {"ops": [op.model_dump() for op in analysis.ops]})
+        catalog.upsert_hardware(session, hardware.content_hash(), hardware.name, hardware.model_dump(mode="json"))
+        decision = decisions.complete_decision(session, claimed.id, stored.owner, result, effort=new_effort)
+        if decision is None:  # lease lost to another owner: serve theirs
+            decision = decisions.get_decision(session, claimed.id)
+        searches.save_trials(session, claimed.id, [
+            searches.TrialRecord(**t.model_dump()) for t in outcome.trials])
+        save_measurements(session, outcome.measurements, hardware_hash=hardware.content_hash(),
+                          module_fingerprint=analysis.fingerprint, source=stored.source, decision_id=claimed.id,
+                          shape_hints=stored.shape_hints)
+        for best in outcome.group_bests:
+            searches.record_group_best(session, signature=best.signature, hardware_hash=hardware.content_hash(),
+                                       plan=best.plan.model_dump(mode="json"), latency_s=best.latency_s,
+                                       decision_id=claimed.id)
+    if decision is None:
+        raise TilingFailed("DecisionVanished", f"decision {claimed.id} is gone from the store")
+    return decision
 
 
 class TilingService:
@@ -190,15 +262,7 @@ class TilingService:
         if request.shape_hints or request.buckets:
             self._check_shapes(request, text_key, timeout=limit)
         timings["analyse_s"] = time.perf_counter() - t0
-        parts = decisions.DecisionKeyParts(
-            module_fingerprint=analysis.fingerprint,
-            hardware_hash=hardware.content_hash(),
-            search_space_version=SPACE_VERSION,
-            cost_model_version=COST_MODEL_VERSION,
-            objective=request.objective,
-            shape_bucket=_shape_bucket(request),
-            provider_version=provider_version(),
-        )
+        parts = decision_parts(analysis.fingerprint, hardware, request)
         if not request.reuse:
             # A fresh search is asked for: key it apart so it never serves nor replaces the cache.
             parts = decisions.DecisionKeyParts(**{**parts.as_dict(), "objective": f"{request.objective}+fresh:{uuid.uuid4().hex}"})
@@ -287,46 +351,11 @@ class TilingService:
     def _store(self, request: TilingRequest, analysis: ModuleAnalysis, hardware: HardwareModel, claimed: Decision,
                outcome: SearchOutcome, cache: CacheState, warm: list[WarmStart], timings: dict[str, float],
                key: str, text_key: str, effort: decisions.Effort, owner: str, source: str) -> Decision:
-        """Complete the claimed decision with the search's outcome (a refinement: only if it is
-        better than the stored plan), record the effort, store trials and group records."""
-        realised = outcome.realised
-        stats = outcome.stats.model_dump() | {"cache": cache, "warm_start_groups": [w.signature for w in warm]}
-        refining = claimed.status == DecisionStatus.DONE
-        better = not refining or _replaces(outcome, claimed)
-        new_effort = decisions.merged_effort(claimed.effort if refining else None, effort, outcome.stats.complete)
-        result = decisions.DecisionResult(
-            plan=outcome.plan.model_dump(),
-            predicted_cost=outcome.predicted,
-            baseline=outcome.baseline,
-            transform_script=realised.transform_script if realised else None,
-            tiled_module=realised.tiled_module if realised else None,
-            compilation_info={uid: info.model_dump() for uid, info in outcome.compilation_info.items()},
-            tuning_spec=outcome.tuning_spec,
-            origin_map=realised.origin if realised else None,
-            search_stats=stats,
-            timings=timings,
-            realised_for=text_key,
-        ) if better else None
-        with session_scope(self.sessions) as session:
-            catalog.upsert_module(session, analysis.fingerprint, request.module,
-                                  {"ops": [op.model_dump() for op in analysis.ops]})
-            catalog.upsert_hardware(session, hardware.content_hash(), hardware.name, hardware.model_dump(mode="json"))
-            decision = decisions.complete_decision(session, claimed.id, owner, result, effort=new_effort)
-            if decision is None:  # lease lost to another owner: serve theirs
-                decision = decisions.get_decision(session, claimed.id)
-            if decision is not None and decision.status == DecisionStatus.DONE and request.reuse:
-                self._done.put(key, decision)
-            searches.save_trials(session, claimed.id, [
-                searches.TrialRecord(**t.model_dump()) for t in outcome.trials])
-            save_measurements(session, outcome.measurements, hardware_hash=hardware.content_hash(),
-                              module_fingerprint=analysis.fingerprint, source=source, decision_id=claimed.id,
-                              shape_hints=request.shape_hints)
-            for best in outcome.group_bests:
-                searches.record_group_best(session, signature=best.signature, hardware_hash=hardware.content_hash(),
-                                           plan=best.plan.model_dump(mode="json"), latency_s=best.latency_s,
-                                           decision_id=claimed.id)
-        if decision is None:
-            raise TilingFailed("DecisionVanished", f"decision {claimed.id} is gone from the store")
+        decision = store_outcome(self.sessions, StoredSearch(request.module, analysis, hardware, claimed, owner, effort,
+                                                             source, request.shape_hints),
+                                 outcome, cache=cache, warm=warm, timings=timings, text_key=text_key)
+        if decision.status == DecisionStatus.DONE and request.reuse:
+            self._done.put(key, decision)
         return decision
 
     def _check_measurable_here(self, hardware: HardwareModel) -> None:

@@ -206,8 +206,16 @@ def search_and_realise(source: str, task: SearchTask, observer: SearchObserver |
     measurements: list[PlanMeasurement] = []
     if task.measure_top:
         result, measurements = measured_choice(source, result, task.measure_top)
+    return outcome_of(source, result, task.hardware, measurements, task.trial_offset)
+
+
+def outcome_of(source: str, result: TuneResult, hardware: HardwareModel, measurements: list[PlanMeasurement],
+               trial_offset: int = 0) -> SearchOutcome:
+    """A finished search of `source` as the store keeps it: its plan realised (tiled IR, script,
+    origin map, IREE compilation_info and tuning spec), trials, group records and timings."""
+    graph = cached_analysis(source).graph
     plan = Plan.model_validate(result.plan)
-    translation_info = _translation_info_for(hardware=task.hardware)
+    translation_info = _translation_info_for(hardware=hardware)
     return SearchOutcome(
         plan=plan,
         predicted=result.predicted,
@@ -215,7 +223,7 @@ def search_and_realise(source: str, task: SearchTask, observer: SearchObserver |
         realised=apply_plan_to_text(source, plan) if plan.groups else None,
         compilation_info=compilation_infos(graph, plan, translation_info),
         tuning_spec=spec_for_plan(graph, plan, translation_info),
-        trials=_trials(result, task.trial_offset),
+        trials=_trials(result, trial_offset),
         group_bests=_group_bests(graph, plan, result),
         stats=_stats(result),
         measurements=measurements,
