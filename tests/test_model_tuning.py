@@ -9,7 +9,7 @@ from _shared import SHARED, tuning_every_dispatch
 
 from service.hardware.profiles import get_profile
 from service.measure.whole_model import compile_model, input_program, model_arguments, run_outputs, write_inputs
-from service.model_tuning import ModelInputError, tune_model
+from service.model_tuning import ModelInputError, tune, tune_model
 
 MLP = SHARED / "models" / "mlp_512_2048_b16.linalg.mlir"
 
@@ -75,3 +75,53 @@ def test_input_iree_cannot_compile_is_a_clear_error(tmp_path):
     model.write_text("func.func @main(%x: tensor<4xf32>) -> tensor<4xf32> { return %y : tensor<4xf32> }")
     with pytest.raises(ModelInputError, match="IREE cannot compile broken.mlir: .*undeclared SSA value"):
         tune_model(model, get_profile("host-cpu"), tmp_path / "spec.mlir", budget=8)
+
+
+TWO_SAME_ROOTS = """
+func.func @main(%a: tensor<64x256xf32>, %b: tensor<256x128xf32>, %c: tensor<256x128xf32>) -> (tensor<64x128xf32>, tensor<64x128xf32>) {
+  %z = arith.constant 0.0 : f32
+  %two = arith.constant 2.0 : f32
+  %e = tensor.empty() : tensor<64x128xf32>
+  %f = linalg.fill ins(%z : f32) outs(%e : tensor<64x128xf32>) -> tensor<64x128xf32>
+  %m1 = linalg.matmul ins(%a, %b : tensor<64x256xf32>, tensor<256x128xf32>) outs(%f : tensor<64x128xf32>) -> tensor<64x128xf32>
+  %r1 = linalg.generic {indexing_maps = [affine_map<(i, j) -> (i, j)>, affine_map<(i, j) -> (i, j)>], iterator_types = ["parallel", "parallel"]}
+      ins(%m1 : tensor<64x128xf32>) outs(%e : tensor<64x128xf32>) {
+  ^bb0(%v: f32, %o: f32):
+    %m = arith.maximumf %v, %z : f32
+    linalg.yield %m : f32
+  } -> tensor<64x128xf32>
+  %m2 = linalg.matmul ins(%a, %c : tensor<64x256xf32>, tensor<256x128xf32>) outs(%f : tensor<64x128xf32>) -> tensor<64x128xf32>
+  %r2 = linalg.generic {indexing_maps = [affine_map<(i, j) -> (i, j)>, affine_map<(i, j) -> (i, j)>], iterator_types = ["parallel", "parallel"]}
+      ins(%m2 : tensor<64x128xf32>) outs(%e : tensor<64x128xf32>) {
+  ^bb0(%v: f32, %o: f32):
+    %m = arith.mulf %v, %two : f32
+    linalg.yield %m : f32
+  } -> tensor<64x128xf32>
+  return %r1, %r2 : tensor<64x128xf32>, tensor<64x128xf32>
+}"""
+
+
+@pytest.mark.parametrize("left", ["dispatch_0", "dispatch_1"])
+def test_dispatches_one_matcher_cannot_tell_apart_are_decided_together(tmp_path, monkeypatch, left):
+    """Two dispatches whose roots are the same matmul (different fused consumers): the spec's
+    matcher matches both, so the guard leaving only one of them to IREE used to ship a spec IREE
+    applied to both (the proof then failed: gpt2's 12x64x64x64 batch matmuls). The heavier one
+    decides for both, whichever the guard would leave."""
+    judge = tune._judge
+
+    def leave_one(c, hardware, measure_top):
+        judge(c, hardware, measure_top)
+        if left in c.dispatch.entry:
+            c.left = "left by the test"
+
+    model = tmp_path / "two.mlir"
+    model.write_text(TWO_SAME_ROOTS)
+    monkeypatch.setattr(tune, "_judge", leave_one)
+    with tuning_every_dispatch():
+        report = tune_model(model, get_profile("host-cpu"), tmp_path / "spec.mlir", budget=32)
+    matmuls = [d for d in report.dispatches if "matmul" in d.name]
+    assert len(matmuls) == 2
+    assert matmuls[0].tuned == matmuls[1].tuned and matmuls[0].config == matmuls[1].config
+    assert any("same root as a heavier dispatch" in (d.reason or "") for d in matmuls)
+    if matmuls[0].tuned:
+        assert report.verified and Path(report.spec).read_text().count("transform.iree.match.contraction") == 1

@@ -195,6 +195,12 @@ def _root_group(candidate: _Candidate) -> dict | None:
     return None
 
 
+def _root_key(candidate: _Candidate) -> tuple | None:
+    """What a matcher of this dispatch's root would check (None: no matcher can match it)."""
+    matcher = contraction_matcher(candidate.root, [], "root")
+    return None if matcher is None else matcher.matched
+
+
 def _matcher(candidate: _Candidate, name: str, translation_info: str | None) -> ContractionMatcher | None:
     group = _root_group(candidate)
     return None if group is None else contraction_matcher(candidate.root, group["levels"], name, translation_info)
@@ -325,6 +331,7 @@ def tune_model(model: Path, hardware: HardwareModel, spec_out: Path, *, budget: 
             _judge(c, hardware, measure_top)
         translation = host_translation_info() if hardware.name == "host-cpu" else None
         matchers: dict[tuple, ContractionMatcher] = {}
+        decided: dict[tuple | None, ContractionMatcher | str] = {}  # by root: its matcher, or why left
         tuned: dict[str, tuple[_Candidate, str]] = {}
         searches: list[DispatchSearch] = []
         by_name = {r.name: r for r in reports}
@@ -338,18 +345,26 @@ def tune_model(model: Path, hardware: HardwareModel, spec_out: Path, *, budget: 
             index = _structured_index(c)
             if before is not None and index < len(before.ops):
                 report.iree_default = before.ops[index][1]
-            if c.left is not None:
-                report.reason = c.left
+            # A matcher cannot tell two dispatches with the same root apart: the heaviest decides
+            # for all of them, tuned or left to IREE.
+            key = _root_key(c)
+            heavier = decided.get(key) if key is not None else None
+            if isinstance(heavier, str):
+                report.reason = f"same root as a heavier dispatch left to IREE ({heavier})"
                 continue
-            matcher = _matcher(c, f"dispatch_{len(matchers)}", translation)
+            if heavier is None and c.left is not None:
+                report.reason = c.left
+                decided[key] = c.left
+                continue
+            matcher = heavier or _matcher(c, f"dispatch_{len(matchers)}", translation)
             if matcher is None:
                 report.reason = "the best plan found leaves the root untiled: IREE's own config is kept"
+                decided[key] = report.reason
                 continue
-            if matcher.matched in matchers:
-                matcher = matchers[matcher.matched]
+            if heavier is not None:
                 report.reason = f"same root as a heavier dispatch: gets its config ({matcher.name})"
             else:
-                matchers[matcher.matched] = matcher
+                matchers[matcher.matched] = decided[key] = matcher
             report.tuned, report.config = True, matcher.compilation_info
             if c.note and report.reason is None:
                 report.reason = c.note
