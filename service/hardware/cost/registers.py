@@ -65,7 +65,8 @@ def microkernel_efficiency(c: Compute, level: int, hw: HardwareModel, acc_trips:
     # accumulators' dependency chains, the load ports, and (B stored [n, k]) the shuffle unit.
     pipeline = min(1.0, acc / hw.compute.fma_pipeline_depth)
     loads = min(1.0, acc / (m + n_vecs))
-    issue = min(pipeline, loads, _transpose_efficiency(c, acc, n_vecs, k, hw) if c.rhs_k_contiguous else 1.0)
+    issue = min(pipeline, loads, _transpose_efficiency(c, acc, n_vecs, k, hw) if c.rhs_k_contiguous else 1.0,
+                _ragged_row_efficiency(c, m, acc, hw))
     rows = hw.compute.register_tile_rows
     tall = min(1.0, rows / m) if rows else 1.0
     return spill * b_tile * issue * tall * _set_conflict_efficiency(c, hw)
@@ -91,6 +92,21 @@ def _transpose_efficiency(c: Compute, acc: int, n_vecs: int, k: int, hw: Hardwar
     else:
         b_cycles = n_vecs * lanes * k * _GATHER_CYCLES_PER_ELEMENT
     return min(1.0, fma_cycles / b_cycles) if b_cycles else 1.0
+
+
+# A register tile row longer than a vector and not a whole number of vectors (24 or 49 f32
+# with 16 lanes) is not vectorized as vectors plus a tail: IREE's code builds the tile element
+# by element (vinsertps), about two elements a cycle. Measured on a Zen 4, 160x49x576: an 8x24
+# tile 8.3x slower than 8x16, 8x49 6.7x; 8x7 (one partial vector) only loses its idle lanes.
+_RAGGED_ELEMENTS_PER_CYCLE = 2.0
+
+
+def _ragged_row_efficiency(c: Compute, m: int, acc: int, hw: HardwareModel) -> float:
+    lanes = max(1, hw.compute.vector_width_bytes // c.element_bytes)
+    row = c.parallel_tile[-1] if c.parallel_tile else 1
+    if row <= lanes or row % lanes == 0:
+        return 1.0
+    return min(1.0, (acc / _FMAS_PER_CYCLE) / (m * row / _RAGGED_ELEMENTS_PER_CYCLE))
 
 
 def _transposed_b_overflow(acc: int, n_vecs: int, k: int, hw: HardwareModel) -> float:
