@@ -11,6 +11,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from service.config import Settings
 from service.ir.sandbox import Sandbox
 from service.store.db import make_engine, make_sessionmaker
+from service.store.migrate import check_ready
 from service.tiling.service import TilingService
 
 from .embedded import EmbeddedDispatcher, EmbeddedRunner
@@ -36,22 +37,28 @@ def open_jobs(sessions: sessionmaker[Session], sandbox: Sandbox, tiling: TilingS
     return JobService(runtime, EmbeddedDispatcher(runner)), runner.stop
 
 
-class NeedsPostgreSQL(Exception):
-    pass
+class WorkerCannotStart(Exception):
+    """The worker has nothing to work with: SQLite, or a database not ready (unreachable, not
+    migrated); the message says what to do."""
 
 
 def serve_worker(settings: Settings, concurrency: int, queues: list[str] | None) -> None:
     """`tilesearch worker`: run items from procrastinate until SIGTERM / SIGINT (then running
     items finish within `job_shutdown_grace_s`, or are released to the queue)."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     engine = make_engine(settings.database_url)
+    if engine.dialect.name != "postgresql":
+        engine.dispose()
+        raise WorkerCannotStart("tilesearch worker needs PostgreSQL (DATABASE_URL=postgresql+psycopg://...); "
+                                "on SQLite, `tilesearch serve` runs jobs itself")
+    ready, detail = check_ready(engine)
+    if not ready:  # procrastinate would fail on its first poll, with a traceback
+        engine.dispose()
+        raise WorkerCannotStart(detail.splitlines()[0])
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     sandbox = Sandbox(concurrency, start_method="forkserver")
     try:
-        runtime = JobRuntime(make_sessionmaker(engine), sandbox, None, settings)  # type: ignore[arg-type]
-        if not is_postgresql(runtime):
-            raise NeedsPostgreSQL("tilesearch worker needs PostgreSQL (DATABASE_URL=postgresql+psycopg://...); "
-                                  "on SQLite, `tilesearch serve` runs jobs itself")
-        runtime.tiling = TilingService(runtime.sessions, sandbox, settings)
+        sessions = make_sessionmaker(engine)
+        runtime = JobRuntime(sessions, sandbox, TilingService(sessions, sandbox, settings), settings)
         host = runtime.tiling.hardware.resolve("host-cpu")
         queues = [*(queues or [SEARCH_QUEUE, measure_queue(host.content_hash())]), MAINTENANCE_QUEUE]
         logging.getLogger("tilesearch.jobs").info("worker: queues %s; %d at once", ", ".join(queues), concurrency)
