@@ -10,7 +10,7 @@ from service.ir.graph import OpGraph
 from service.ir.plan import Plan
 from service.ir.tasks import apply_plan_to_text
 from service.measure.lowering import CONFIGURABLE_KINDS, compilation_info_text, lowering_config_from_levels
-from service.measure.tools import host_translation_info
+from service.measure.tools import host_translation_info, interruptible
 from service.measure.tuning_spec import spec_for_plan
 from service.search.candidate import Evaluation
 from service.measure.timing import Measurement
@@ -194,7 +194,8 @@ def search_and_realise(source: str, task: SearchTask, observer: SearchObserver |
     )
     measurements: list[PlanMeasurement] = []
     if task.measure_top:
-        result, measurements = measured_choice(source, result, task.measure_top)
+        with interruptible(observer.check if observer is not None else None):
+            result, measurements = measured_choice(source, result, task.measure_top)
     plan = Plan.model_validate(result.plan)
     translation_info = _translation_info_for(hardware=task.hardware)
     return SearchOutcome(
