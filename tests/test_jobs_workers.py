@@ -254,3 +254,31 @@ def test_sigterm_finishes_or_releases_the_item_and_restarting_the_api_loses_noth
     procs.worker()
     body = wait_for(lambda: finished(8785, job_id), 240, "the job to finish after the restarts", every=1)
     assert body["state"] == "succeeded" and body["items"]["done"] == 7
+
+
+def _descendant_depths(root: int) -> dict[int, int]:
+    """Live descendants of `root` and how many generations below it each is."""
+    parents = {}
+    for p in Path("/proc").iterdir():
+        try:
+            stat = (p / "stat").read_text() if p.name.isdigit() else ""
+        except OSError:
+            continue
+        if stat and stat.rsplit(")", 1)[1].split()[0] != "Z":
+            parents[int(p.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+    depths = {}
+    for pid in parents:
+        depth, up = 0, pid
+        while up in parents and up != root and depth < 20:
+            up, depth = parents[up], depth + 1
+        if up == root and pid != root:
+            depths[pid] = depth
+    return depths
+
+
+def test_an_idle_worker_has_started_its_search_and_evaluation_processes(procs) -> None:
+    # worker -> forkserver -> sandbox process -> forkserver -> evaluation process: started at the
+    # worker's start (and IREE's host probe compiled), not in the first item's time.
+    worker = procs.worker()
+    wait_for(lambda: max(_descendant_depths(worker.pid).values(), default=0) >= 4, 60,
+             "the worker's evaluation process, with no item submitted")

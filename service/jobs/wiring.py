@@ -59,6 +59,7 @@ def serve_worker(settings: Settings, concurrency: int, queues: list[str] | None)
     try:
         sessions = make_sessionmaker(engine)
         runtime = JobRuntime(sessions, sandbox, TilingService(sessions, sandbox, settings), settings)
+        runtime.tiling.warm_up()  # while procrastinate connects: the first item does not pay for it
         host = runtime.tiling.hardware.resolve("host-cpu")
         queues = [*(queues or [SEARCH_QUEUE, measure_queue(host.content_hash())]), MAINTENANCE_QUEUE]
         logging.getLogger("tilesearch.jobs").info("worker: queues %s; %d at once", ", ".join(queues), concurrency)

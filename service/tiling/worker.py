@@ -222,3 +222,18 @@ def realise_plan(source: str, plan: Plan, hardware: HardwareModel) -> Realisatio
         compilation_info=compilation_infos(graph, plan, translation_info),
         tuning_spec=spec_for_plan(graph, plan, translation_info),
     )
+
+
+_WARM_UP_MODULE = """
+func.func @warm_up(%a: tensor<16x16xf32>, %b: tensor<16x16xf32>, %c: tensor<16x16xf32>) -> tensor<16x16xf32> {
+  %r = linalg.matmul ins(%a, %b : tensor<16x16xf32>, tensor<16x16xf32>) outs(%c : tensor<16x16xf32>) -> tensor<16x16xf32>
+  return %r : tensor<16x16xf32>
+}
+"""
+
+
+def warm_up(hardware: HardwareModel) -> None:
+    """What a worker's first search would otherwise pay for: the search's imports, its kept
+    evaluation process, and (host-cpu) IREE's pipeline options probed with a compile."""
+    tune(_WARM_UP_MODULE, hardware, budget=2, workers=1, keep_pool=True)
+    _translation_info_for(hardware)
