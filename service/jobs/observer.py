@@ -52,9 +52,9 @@ class ItemObserver:
 
     def _sync(self) -> None:
         """Stop if asked, store the trials so far, renew the heartbeat and the lease: at most once
-        a second, not per batch of trials (dozens a second; each sync opens a connection, a
-        process start on PostgreSQL: per batch it cost a worker about half its CPU,
-        docs/benchmarks.md). Trials not stored yet are stored with the search's outcome."""
+        a second, not per batch of trials (dozens a second; a connection is a process start on
+        PostgreSQL: per batch, about 40% of a job's CPU, docs/benchmarks.md). Trials not stored
+        yet are stored with the search's outcome."""
         now = time.monotonic()
         if now - self._synced_at < _SYNC_EVERY_S:
             return
