@@ -17,7 +17,9 @@ from sqlalchemy.pool import NullPool
 
 from service.store import decisions, jobs, searches
 from service.store.db import make_engine, make_sessionmaker, session_scope
+from service.hardware.model import HardwareModel
 from service.tiling.contract import SearchStopped, TrialOutcome
+from service.tiling.worker import warm_up as tiling_warm_up
 
 _SYNC_EVERY_S = 0.9  # IREE's tools ask each second: each of their asks may sync
 
@@ -82,3 +84,11 @@ class ItemObserver:
         reason = jobs.stop_reason(session, self.item_id, self.run_owner)
         if reason is not None:
             raise SearchStopped(reason)
+
+
+def warm_up(database_url: str, hardware: HardwareModel) -> None:
+    """At a worker's start, in each sandbox process: what its first item would otherwise pay for
+    (the search's start-up, and the observer's imports and first connection)."""
+    tiling_warm_up(hardware)
+    with _engine(database_url).connect():
+        pass

@@ -5,19 +5,24 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from concurrent.futures import Future
 
 from sqlalchemy.orm import Session, sessionmaker
 
 from service.config import Settings
+from service.hardware.model import HardwareModel
 from service.ir.sandbox import Sandbox
 from service.store.db import make_engine, make_sessionmaker
 from service.store.migrate import check_ready
 from service.tiling.service import TilingService
 
 from .embedded import EmbeddedDispatcher, EmbeddedRunner
+from .observer import warm_up
 from .queue import MAINTENANCE_QUEUE, SEARCH_QUEUE, QueueDispatcher, make_queue_app, measure_queue, run_worker
 from .run import JobRuntime
 from .service import JobService
+
+log = logging.getLogger("tilesearch.jobs")
 
 
 def is_postgresql(runtime: JobRuntime) -> bool:
@@ -35,6 +40,18 @@ def open_jobs(sessions: sessionmaker[Session], sandbox: Sandbox, tiling: TilingS
     runner = EmbeddedRunner(runtime)
     runner.start()
     return JobService(runtime, EmbeddedDispatcher(runner)), runner.stop
+
+
+def _warm_up(runtime: JobRuntime, host: HardwareModel) -> None:
+    """Each sandbox process starts its search machinery now, in the background, instead of in
+    the first item's time; a failure is only logged (the item then pays as before)."""
+    def failed(future: Future[None]) -> None:
+        if not future.cancelled() and future.exception() is not None:
+            log.warning("warming a sandbox process up failed: %s", future.exception())
+
+    for _ in range(runtime.sandbox.workers):
+        runtime.sandbox.submit(warm_up, runtime.database_url, host,
+                               timeout=runtime.settings.request_timeout_s).add_done_callback(failed)
 
 
 class WorkerCannotStart(Exception):
@@ -59,10 +76,10 @@ def serve_worker(settings: Settings, concurrency: int, queues: list[str] | None)
     try:
         sessions = make_sessionmaker(engine)
         runtime = JobRuntime(sessions, sandbox, TilingService(sessions, sandbox, settings), settings)
-        runtime.tiling.warm_up()  # while procrastinate connects: the first item does not pay for it
         host = runtime.tiling.hardware.resolve("host-cpu")
+        _warm_up(runtime, host)
         queues = [*(queues or [SEARCH_QUEUE, measure_queue(host.content_hash())]), MAINTENANCE_QUEUE]
-        logging.getLogger("tilesearch.jobs").info("worker: queues %s; %d at once", ", ".join(queues), concurrency)
+        log.info("worker: queues %s; %d at once", ", ".join(queues), concurrency)
         app = make_queue_app(runtime.database_url, stalled_after_s=settings.job_stalled_after_s)
         run_worker(runtime, app, queues=queues, concurrency=concurrency)
     finally:

@@ -25,7 +25,6 @@ import time
 import threading
 import uuid
 from collections.abc import Callable
-from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
@@ -52,7 +51,7 @@ from .contract import ModuleAnalysis, PlanMeasurement, Realisation, SearchObserv
 from .errors import PoolSaturated, TilingFailed
 from .hardware import HardwareCatalog
 from .request import TilingRequest
-from .worker import analyse_request, check_search_shapes, realise_plan, search_and_realise, warm_up
+from .worker import analyse_request, check_search_shapes, realise_plan, search_and_realise
 
 log = logging.getLogger("tilesearch.tiling")
 
@@ -136,11 +135,6 @@ def _save_measurements(session: Session, timings: list[PlanMeasurement], hardwar
         )
 
 
-def _warmed_up(future: Future[None]) -> None:
-    if not future.cancelled() and future.exception() is not None:
-        log.warning("warming a sandbox worker up failed: %s", future.exception())
-
-
 class TilingService:
     """Decisions for requests, shared across threads of one process (the sandbox is its pool)."""
 
@@ -168,13 +162,6 @@ class TilingService:
         # A decision's texts re-applied to another text of the same structure.
         self._realised: ByteBoundedCache[tuple[str, str, str], Realisation] = ByteBoundedCache(
             max(1, settings.decision_cache_bytes // 4), lambda r: len(r.model_dump_json()))
-
-    def warm_up(self) -> None:
-        """Start each sandbox worker's search machinery now (see worker.warm_up) instead of in
-        the first search's time; in the background, and a failure is only logged."""
-        host = self.hardware.resolve("host-cpu")
-        for _ in range(self.sandbox.workers):
-            self.sandbox.submit(warm_up, host, timeout=self.settings.request_timeout_s).add_done_callback(_warmed_up)
 
     def decide(self, request: TilingRequest, long: LongSearch | None = None) -> TilingOutcome:
         """The decision for `request`: stored (hit), refined, or searched now (warm / miss).

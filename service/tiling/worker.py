@@ -233,7 +233,8 @@ func.func @warm_up(%a: tensor<16x16xf32>, %b: tensor<16x16xf32>, %c: tensor<16x1
 
 
 def warm_up(hardware: HardwareModel) -> None:
-    """What a worker's first search would otherwise pay for: the search's imports, its kept
-    evaluation process, and (host-cpu) IREE's pipeline options probed with a compile."""
-    tune(_WARM_UP_MODULE, hardware, budget=2, workers=1, keep_pool=True)
-    _translation_info_for(hardware)
+    """What a sandbox worker's first search would otherwise pay for: the imports of the search
+    and of the realisation, its kept evaluation process, and (host-cpu) IREE's pipeline options
+    probed with a compile."""
+    analyse_request(_WARM_UP_MODULE, None)
+    search_and_realise(_WARM_UP_MODULE, SearchTask(hardware=hardware, budget=2, seconds=60, strategy="tpe", seed=0))
