@@ -42,7 +42,7 @@ def matmul(m: int, n: int, k: int) -> str:
 
 
 def slow_module() -> str:
-    """A module whose search at a large budget takes many seconds (trials come in batches)."""
+    """A module whose search at a budget of thousands takes many seconds (trials come in batches)."""
     return (Path(os.environ.get("TILESEARCH_SHARED", ROOT.parent / "shared")) / "workloads" / "mlp_chain.mlir").read_text()
 
 
@@ -197,7 +197,7 @@ def test_kill_9_mid_item_finishes_on_another_worker_and_keeps_the_trials(procs, 
     first = procs.worker()
     procs.serve(8782)
     job_id = submit(8782, {"items": [{"name": "slow", "module": slow_module()}], "hardware": "host-cpu",
-                           "budget": 400, "seconds": 60})
+                           "budget": 2000, "seconds": 30})
     item = wait_for(lambda: running_item(db, job_id, min_trials=20), 120, "trials of the running item")
     assert worker_pid(item) == first.pid
     os.kill(first.pid, signal.SIGKILL)  # the worker only: its sandbox children are orphaned
@@ -242,7 +242,7 @@ def test_sigterm_finishes_or_releases_the_item_and_restarting_the_api_loses_noth
     api = procs.serve(8784)
     items = [{"name": f"mm{i}", "module": matmul(24 + 4 * i, 48, 32)} for i in range(6)]
     items.insert(0, {"name": "slow", "module": slow_module()})
-    job_id = submit(8784, {"items": items, "hardware": "host-cpu", "budget": 150, "seconds": 30})
+    job_id = submit(8784, {"items": items, "hardware": "host-cpu", "budget": 2000, "seconds": 10})
     wait_for(lambda: running_item(db, job_id, min_trials=5), 120, "the first item running")
     # The API goes away mid-job and comes back: the job lives in the database and the queue.
     os.killpg(api.pid, signal.SIGKILL)
