@@ -8,7 +8,8 @@ database of its own, an API process and 1 or 2 `tilesearch worker` processes (co
 one evaluation process each). Items are distinct matmuls; jobs use reuse=false, so every item
 searches. Prints items per minute for: `tilesearch tune --workers 1` run per item (process start
 included, as a build would run it), a job on one worker, a job on two workers; and the time from
-submit to the first finished item.
+submit to the first finished item, and how busy the machine's cores were during each job (ours
+and any other work: two workers can only double one where one leaves a core idle).
 """
 
 from __future__ import annotations
@@ -57,8 +58,15 @@ def sequential_tune(items: list[str], budget: int, tmp: Path) -> float:
     return time.perf_counter() - t0
 
 
-def job_run(items: list[str], budget: int, workers: int, tmp: Path, port: int) -> tuple[float, float]:
-    """(seconds from submit to the last item, seconds to the first finished item)."""
+def cpu_busy_s() -> float:
+    """CPU seconds the whole machine has spent busy since boot (all processes, all cores)."""
+    user, nice, system, _idle, _iowait, irq, softirq = (int(x) for x in Path("/proc/stat").read_text().split()[1:8])
+    return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
+
+
+def job_run(items: list[str], budget: int, workers: int, tmp: Path, port: int) -> tuple[float, float, float]:
+    """(seconds from submit to the last item, seconds to the first finished item, the share of
+    the machine's cores busy meanwhile, ours and any other work's)."""
     admin = create_engine(PG, isolation_level="AUTOCOMMIT")
     name = f"tilesearch_bench_{uuid.uuid4().hex[:8]}"
     with admin.connect() as c:
@@ -83,7 +91,7 @@ def job_run(items: list[str], budget: int, workers: int, tmp: Path, port: int) -
         time.sleep(3)  # the workers' start (imports, sandbox): not part of a job's throughput
         body = {"items": [{"name": f"item{i}", "module": m} for i, m in enumerate(items)], "hardware": "host-cpu",
                 "budget": budget, "reuse": False}
-        t0 = time.perf_counter()
+        t0, busy0 = time.perf_counter(), cpu_busy_s()
         job_id = httpx.post(f"{base}/v1/jobs", json=body, timeout=60).json()["id"]
         first = None
         while True:
@@ -92,7 +100,8 @@ def job_run(items: list[str], budget: int, workers: int, tmp: Path, port: int) -
                 first = time.perf_counter() - t0
             if job["state"] in ("succeeded", "failed", "cancelled"):
                 assert job["state"] == "succeeded", job
-                return time.perf_counter() - t0, first or 0.0
+                wall = time.perf_counter() - t0
+                return wall, first or 0.0, (cpu_busy_s() - busy0) / (wall * (os.cpu_count() or 1))
             time.sleep(0.1)
     finally:
         for p in procs:
@@ -119,15 +128,15 @@ def main() -> None:
     print(f"machine: {cpu_model()}, {os.cpu_count()} cpus; load before: {os.getloadavg()[0]:.2f}")
     with tempfile.TemporaryDirectory(prefix="tilesearch-bench-jobs-") as tmp:
         seq = sequential_tune(items, args.budget, Path(tmp))
-        one, first1 = job_run(items, args.budget, 1, Path(tmp), 8801)
-        two, first2 = job_run(items, args.budget, 2, Path(tmp), 8802)
+        one, first1, busy1 = job_run(items, args.budget, 1, Path(tmp), 8801)
+        two, first2, busy2 = job_run(items, args.budget, 2, Path(tmp), 8802)
     rate = lambda s: args.items / s * 60  # noqa: E731
     print(f"{args.items} items, budget {args.budget} each; load after: {os.getloadavg()[0]:.2f}\n")
-    print("| path | seconds | items/min | vs tune | first item done (s) |")
-    print("| --- | ---: | ---: | ---: | ---: |")
-    print(f"| `tilesearch tune --workers 1`, one after another | {seq:.1f} | {rate(seq):.1f} | 1.00 | - |")
-    print(f"| job, 1 worker | {one:.1f} | {rate(one):.1f} | {seq / one:.2f} | {first1:.2f} |")
-    print(f"| job, 2 workers | {two:.1f} | {rate(two):.1f} | {seq / two:.2f} | {first2:.2f} |")
+    print("| path | seconds | items/min | vs tune | first item done (s) | cores busy (all work) |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: |")
+    print(f"| `tilesearch tune --workers 1`, one after another | {seq:.1f} | {rate(seq):.1f} | 1.00 | - | - |")
+    print(f"| job, 1 worker | {one:.1f} | {rate(one):.1f} | {seq / one:.2f} | {first1:.2f} | {busy1:.0%} |")
+    print(f"| job, 2 workers | {two:.1f} | {rate(two):.1f} | {seq / two:.2f} | {first2:.2f} | {busy2:.0%} |")
     print(f"\n2 workers / 1 worker: {one / two:.2f}x")
 
 

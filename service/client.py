@@ -19,13 +19,42 @@ from service.hardware.model import HardwareModel
 
 
 class TilesearchError(Exception):
-    """A non-2xx answer; `detail` is the server's error body (error, message, diagnostics...)."""
+    """A non-2xx answer; `detail` is the server's error body (error, message, diagnostics...),
+    `message` the server's explanation in one line."""
 
     def __init__(self, status_code: int, detail: Any) -> None:
         self.status_code = status_code
         self.detail = detail
-        message = detail.get("message", detail) if isinstance(detail, dict) else detail
-        super().__init__(f"HTTP {status_code}: {message}")
+        self.message = _one_line(detail)
+        super().__init__(f"HTTP {status_code}: {self.message}")
+
+
+class ServerUnreachable(ConnectionError):
+    """No HTTP answer at all: nothing listens at the URL, the name does not resolve, or it timed out."""
+
+    def __init__(self, base_url: str, cause: httpx.TransportError) -> None:
+        self.base_url = base_url
+        reason = str(cause) or type(cause).__name__
+        if isinstance(cause, httpx.TimeoutException):
+            super().__init__(f"no answer from {base_url} in time ({reason})")
+        else:
+            super().__init__(f"cannot reach {base_url}: {reason}")
+
+
+def _one_line(detail: Any) -> str:
+    """The message of our {error, message} bodies, or FastAPI's validation list as `where: what`."""
+    if isinstance(detail, dict):
+        return str(detail.get("message", detail))
+    if isinstance(detail, list):
+        return "; ".join(_validation_line(d) for d in detail)
+    return str(detail).strip() or "no message"
+
+
+def _validation_line(error: Any) -> str:
+    if not isinstance(error, dict):
+        return str(error)
+    where = ".".join(str(p) for p in error.get("loc", [])[1:])  # past "body" / "query" / "path"
+    return f"{where}: {error.get('msg')}" if where else str(error.get("msg"))
 
 
 class TilesearchClient:
@@ -58,20 +87,20 @@ class TilesearchClient:
             "shape_hints": shape_hints, "buckets": buckets, "reuse": reuse, "measure_top": measure_top,
         }
         for attempt in range(self.retries_when_busy + 1):
-            response = self._http.post("/v1/tilings", json=body)
+            response = self._request("POST", "/v1/tilings", json=body)
             if response.status_code != 503 or attempt == self.retries_when_busy:
                 break
             time.sleep(float(response.headers.get("Retry-After", "1")))
         return DecisionOut.model_validate(self._ok(response))
 
     def get(self, decision_id: int) -> DecisionOut:
-        return DecisionOut.model_validate(self._ok(self._http.get(f"/v1/tilings/{decision_id}")))
+        return DecisionOut.model_validate(self._ok(self._request("GET", f"/v1/tilings/{decision_id}")))
 
     def list(self, *, fingerprint: str | None = None, hardware: str | None = None, limit: int = 50,
              cursor: str | None = None) -> DecisionPage:
         params = {k: v for k, v in {"fingerprint": fingerprint, "hardware": hardware, "limit": limit,
                                      "cursor": cursor}.items() if v is not None}
-        return DecisionPage.model_validate(self._ok(self._http.get("/v1/tilings", params=params)))
+        return DecisionPage.model_validate(self._ok(self._request("GET", "/v1/tilings", params=params)))
 
     def iter_decisions(self, **filters: Any) -> Iterator[DecisionSummary]:
         """Every decision matching the filters, following the cursors."""
@@ -85,7 +114,7 @@ class TilesearchClient:
 
     def trials(self, decision_id: int, *, limit: int = 100, cursor: str | None = None) -> TrialPage:
         params = {"limit": limit} | ({"cursor": cursor} if cursor else {})
-        return TrialPage.model_validate(self._ok(self._http.get(f"/v1/tilings/{decision_id}/trials", params=params)))
+        return TrialPage.model_validate(self._ok(self._request("GET", f"/v1/tilings/{decision_id}/trials", params=params)))
 
     def all_trials(self, decision_id: int) -> list[TrialOut]:
         out, cursor = [], None
@@ -100,35 +129,45 @@ class TilesearchClient:
         """All hardware models, or the one named with its fidelity on the server host's
         measurements and its calibration."""
         if name is not None:
-            return HardwareDetail.model_validate(self._ok(self._http.get(f"/v1/hardware/{name}")))
-        return HardwareList.model_validate(self._ok(self._http.get("/v1/hardware"))).items
+            return HardwareDetail.model_validate(self._ok(self._request("GET", f"/v1/hardware/{name}")))
+        return HardwareList.model_validate(self._ok(self._request("GET", "/v1/hardware"))).items
 
     def add_hardware(self, model: HardwareModel) -> HardwareOut:
-        return HardwareOut.model_validate(self._ok(self._http.post("/v1/hardware", json=model.model_dump(mode="json"))))
+        return HardwareOut.model_validate(self._ok(self._request("POST", "/v1/hardware", json=model.model_dump(mode="json"))))
 
     # Jobs: plain JSON (the bodies are service.api.job_schemas.JobAccepted / JobOut).
     def submit_job(self, body: dict[str, Any]) -> dict[str, Any]:
-        return self._ok(self._http.post("/v1/jobs", json=body))
+        return self._ok(self._request("POST", "/v1/jobs", json=body))
 
     def job(self, job_id: int) -> dict[str, Any]:
-        return self._ok(self._http.get(f"/v1/jobs/{job_id}"))
+        return self._ok(self._request("GET", f"/v1/jobs/{job_id}"))
 
     def cancel_job(self, job_id: int) -> dict[str, Any]:
-        return self._ok(self._http.post(f"/v1/jobs/{job_id}/cancel"))
+        return self._ok(self._request("POST", f"/v1/jobs/{job_id}/cancel"))
 
     def job_spec(self, job_id: int) -> str:
-        response = self._http.get(f"/v1/jobs/{job_id}/spec")
+        response = self._request("GET", f"/v1/jobs/{job_id}/spec")
         if response.status_code >= 400:
             self._ok(response)
         return response.text
 
+    def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        try:
+            return self._http.request(method, path, **kwargs)
+        except httpx.TransportError as exc:
+            raise ServerUnreachable(str(self._http.base_url).rstrip("/"), exc) from exc
+
     def _ok(self, response: httpx.Response) -> Any:
         if response.is_success:
-            return response.json()
+            try:
+                return response.json()
+            except ValueError:  # another web server at that address
+                raise TilesearchError(response.status_code, f"{response.url} answered with no JSON: "
+                                                            "is it a tilesearch server?") from None
         try:
             detail = response.json().get("detail")
-        except ValueError:
-            detail = response.text
+        except (ValueError, AttributeError):  # a proxy's page, say
+            detail = response.text[:200] or response.reason_phrase
         raise TilesearchError(response.status_code, detail)
 
     def close(self) -> None:
@@ -139,3 +178,4 @@ class TilesearchClient:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+

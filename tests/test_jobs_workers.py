@@ -42,7 +42,7 @@ def matmul(m: int, n: int, k: int) -> str:
 
 
 def slow_module() -> str:
-    """A module whose search at a large budget takes many seconds (trials come in batches)."""
+    """A module whose search at a budget of thousands takes many seconds (trials come in batches)."""
     return (Path(os.environ.get("TILESEARCH_SHARED", ROOT.parent / "shared")) / "workloads" / "mlp_chain.mlir").read_text()
 
 
@@ -197,7 +197,7 @@ def test_kill_9_mid_item_finishes_on_another_worker_and_keeps_the_trials(procs, 
     first = procs.worker()
     procs.serve(8782)
     job_id = submit(8782, {"items": [{"name": "slow", "module": slow_module()}], "hardware": "host-cpu",
-                           "budget": 400, "seconds": 60})
+                           "budget": 2000, "seconds": 30})
     item = wait_for(lambda: running_item(db, job_id, min_trials=20), 120, "trials of the running item")
     assert worker_pid(item) == first.pid
     os.kill(first.pid, signal.SIGKILL)  # the worker only: its sandbox children are orphaned
@@ -242,7 +242,7 @@ def test_sigterm_finishes_or_releases_the_item_and_restarting_the_api_loses_noth
     api = procs.serve(8784)
     items = [{"name": f"mm{i}", "module": matmul(24 + 4 * i, 48, 32)} for i in range(6)]
     items.insert(0, {"name": "slow", "module": slow_module()})
-    job_id = submit(8784, {"items": items, "hardware": "host-cpu", "budget": 150, "seconds": 30})
+    job_id = submit(8784, {"items": items, "hardware": "host-cpu", "budget": 2000, "seconds": 10})
     wait_for(lambda: running_item(db, job_id, min_trials=5), 120, "the first item running")
     # The API goes away mid-job and comes back: the job lives in the database and the queue.
     os.killpg(api.pid, signal.SIGKILL)
@@ -254,3 +254,31 @@ def test_sigterm_finishes_or_releases_the_item_and_restarting_the_api_loses_noth
     procs.worker()
     body = wait_for(lambda: finished(8785, job_id), 240, "the job to finish after the restarts", every=1)
     assert body["state"] == "succeeded" and body["items"]["done"] == 7
+
+
+def _descendant_depths(root: int) -> dict[int, int]:
+    """Live descendants of `root` and how many generations below it each is."""
+    parents = {}
+    for p in Path("/proc").iterdir():
+        try:
+            stat = (p / "stat").read_text() if p.name.isdigit() else ""
+        except OSError:
+            continue
+        if stat and stat.rsplit(")", 1)[1].split()[0] != "Z":
+            parents[int(p.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+    depths = {}
+    for pid in parents:
+        depth, up = 0, pid
+        while up in parents and up != root and depth < 20:
+            up, depth = parents[up], depth + 1
+        if up == root and pid != root:
+            depths[pid] = depth
+    return depths
+
+
+def test_an_idle_worker_has_started_its_search_and_evaluation_processes(procs) -> None:
+    # worker -> forkserver -> sandbox process -> forkserver -> evaluation process: started at the
+    # worker's start (and IREE's host probe compiled), not in the first item's time.
+    worker = procs.worker()
+    wait_for(lambda: max(_descendant_depths(worker.pid).values(), default=0) >= 4, 60,
+             "the worker's evaluation process, with no item submitted")

@@ -3,6 +3,7 @@ tiling service into `app.state` for the app's lifetime; routes only translate HT
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -24,8 +25,10 @@ from service.config import Settings, get_settings
 from service.ir.sandbox import Sandbox
 from service.jobs.wiring import open_jobs
 from service.store.db import make_engine, make_sessionmaker
+from service.store.migrate import check_ready
 from service.tiling.service import TilingService
 
+log = logging.getLogger("tilesearch.api")
 _STATIC_DIR = Path(__file__).parent / "static"
 _SWAGGER = "/static/vendor/swagger-ui"
 # Threads for /readyz's database check: its own few, never behind other requests.
@@ -51,6 +54,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.tiling_limiter = anyio.CapacityLimiter(settings.tiling_threads)
         app.state.probe_limiter = anyio.CapacityLimiter(_PROBE_THREADS)
         app.state.jobs, close_jobs = open_jobs(sessions, sandbox, app.state.tiling, settings)
+        ready, detail = check_ready(engine)
+        if not ready:  # it starts anyway: the migration may come next, /readyz answers 503 meanwhile
+            log.warning("%s (/readyz answers 503 until then)", detail.splitlines()[0])
         try:
             yield
         finally:

@@ -1,5 +1,5 @@
 """What each error a client can cause looks like on the wire. Every one is a 4xx (or a 503 for
-a full pool) with `{"detail": {"error", "message", ...}}` saying what to fix. Translation only:
+a full pool or a database not migrated yet) with `{"detail": {"error", "message", ...}}` saying what to fix. Translation only:
 which errors are the client's is decided by the tiling service."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from http import HTTPStatus
 from fastapi import FastAPI, Request
 from fastapi.exception_handlers import http_exception_handler
 from fastapi.responses import JSONResponse, Response
-from sqlalchemy.exc import DataError
+from sqlalchemy.exc import DataError, DBAPIError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from service.hardware.profiles import UnknownHardwareError
@@ -18,6 +18,7 @@ from service.ir.errors import IRError, ModuleTooLargeError
 from service.ir.sandbox import IRCrashError, IRTimeoutError
 from service.jobs.service import JobNotFound
 from service.search.errors import SearchInputError
+from service.store.migrate import DatabaseNotMigrated, schema_missing
 from service.store.query import InvalidCursor
 from service.tiling.errors import PoolSaturated, TilingFailed
 
@@ -74,6 +75,19 @@ def _unstorable_value(_request: Request, exc: DataError) -> JSONResponse:
                           f"the database cannot store a value of this request: {str(exc.orig).splitlines()[0]}")
 
 
+def _not_migrated(_request: Request, exc: DatabaseNotMigrated) -> JSONResponse:
+    return error_response(503, "DatabaseNotMigrated", str(exc), headers={"Retry-After": "10"})
+
+
+def _database_error(request: Request, exc: DBAPIError) -> JSONResponse:
+    """A table or function missing is the operator's step left out, said as such; any other
+    database failure stays a logged 500."""
+    if schema_missing(exc):
+        log.warning("%s: %s", request.url.path, str(exc.orig).splitlines()[0])
+        return _not_migrated(request, DatabaseNotMigrated())
+    raise exc
+
+
 async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
     """Starlette's and FastAPI's own errors carry a bare string: give them the {error, message}
     shape too. A body FastAPI cannot decode (not UTF-8) says so instead of "error parsing"."""
@@ -91,6 +105,8 @@ async def _http_error(request: Request, exc: StarletteHTTPException) -> Response
 def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(DataError, _unstorable_value)
+    app.add_exception_handler(DBAPIError, _database_error)
+    app.add_exception_handler(DatabaseNotMigrated, _not_migrated)
     app.add_exception_handler(IRError, _ir_error)
     app.add_exception_handler(UnknownHardwareError, _unknown_hardware)
     app.add_exception_handler(JobNotFound, _job_not_found)

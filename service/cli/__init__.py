@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from .common import _hardware_here, _ir_failure, _read_module, _ready_store, _run_ir_task
+from .common import _hardware_here, _ir_failure, _read_module, _ready_store, _run_ir_task, server_errors
 from .jobs import job_app, worker_cmd
 from .model import model_app
 
@@ -437,24 +437,19 @@ def _tune_via_server(server: str, token: str | None, file: Path, hardware: str, 
     """`tune --server`: the same request through the API (stored decisions are reused there)."""
     import json
 
-    import httpx
-
-    from service.client import TilesearchClient, TilesearchError
+    from service.client import TilesearchClient
     from service.search.engine import parse_buckets, parse_shape_hints
 
     source = _read_module(file)
     if isinstance(source, bytes):
         raise _ir_failure(ValueError("--server takes MLIR text, not bytecode"))
     try:
-        with TilesearchClient(server, token) as client:
-            decision = client.tile(source, hardware, budget=budget, seconds=seconds, strategy=strategy, seed=seed,
-                                   shape_hints=parse_shape_hints(shape_hint) or None,
-                                   buckets=parse_buckets(bucket) or None)
-    except (TilesearchError, ValueError) as exc:
+        shape_hints, buckets = parse_shape_hints(shape_hint) or None, parse_buckets(bucket) or None
+    except ValueError as exc:
         raise _ir_failure(exc) from None
-    except httpx.HTTPError as exc:
-        typer.echo(f"error: cannot reach {server}: {exc}", err=True)
-        raise typer.Exit(1) from None
+    with server_errors(server), TilesearchClient(server, token) as client:
+        decision = client.tile(source, hardware, budget=budget, seconds=seconds, strategy=strategy, seed=seed,
+                               shape_hints=shape_hints, buckets=buckets)
     if out:
         out.mkdir(parents=True, exist_ok=True)
         (out / "plan.json").write_text(json.dumps(decision.plan, indent=2) + "\n")

@@ -1,8 +1,10 @@
 """What the `tilesearch` commands share: reading a module, running an IR task in a sandbox
-worker, and turning the caller's mistakes into exit code 2."""
+worker, turning the caller's mistakes into exit code 2, and a server's errors into one line."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import typer
@@ -50,3 +52,31 @@ def _hardware_here(sessions, name: str):
         return get_profile(name)
     with session_scope(sessions) as session:
         return find_hardware(session, name).model
+
+
+# What to do about an HTTP error, beyond the server's own message.
+_HINTS = {
+    401: "pass --token or set TILESEARCH_API_TOKEN to the server's token",
+    403: "the server refused this token",
+}
+
+
+@contextmanager
+def server_errors(server: str) -> Iterator[None]:
+    """Around a command's talk with a tilesearch server: an HTTP error or an unreachable server
+    becomes one `error: ...` line on stderr (the server's message and what to do) and exit 2 for
+    the caller's mistakes (4xx), 1 otherwise, instead of a traceback."""
+    from service.client import ServerUnreachable, TilesearchError
+
+    try:
+        yield
+    except ServerUnreachable as exc:
+        typer.echo(f"error: {exc}: is `tilesearch serve` running there? (--server URL)", err=True)
+        raise typer.Exit(1) from None
+    except TilesearchError as exc:
+        hint = _HINTS.get(exc.status_code)
+        if hint is None and exc.status_code >= 500 and exc.status_code != 503:
+            hint = "the server failed: its log says why"
+        typer.echo(f"error: {exc.message} (HTTP {exc.status_code} from {server})" + (f": {hint}" if hint else ""),
+                   err=True)
+        raise typer.Exit(2 if 400 <= exc.status_code < 500 else 1) from None

@@ -6,6 +6,8 @@ from pathlib import Path
 
 import typer
 
+from .common import _ir_failure, server_errors
+
 def worker_cmd(
     concurrency: int = typer.Option(1, "--concurrency", min=1, help="items at once (one sandbox process each)"),
     queue: list[str] | None = typer.Option(None, "--queue", help="queues to take items from (repeatable); default: "
@@ -13,11 +15,11 @@ def worker_cmd(
 ) -> None:
     """Run job items from the queue (PostgreSQL: DATABASE_URL; SQLite jobs run inside `serve`)."""
     from service.config import get_settings
-    from service.jobs.wiring import NeedsPostgreSQL, serve_worker
+    from service.jobs.wiring import WorkerCannotStart, serve_worker
 
     try:
         serve_worker(get_settings(), concurrency, queue or None)
-    except NeedsPostgreSQL as exc:
+    except WorkerCannotStart as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
 
@@ -46,11 +48,15 @@ def job_submit_cmd(
 ) -> None:
     """Queue a job; prints its id (follow it with `tilesearch job watch ID`)."""
     body: dict = {"hardware": hardware, "budget": budget, "seconds": seconds, "measure_top": measure_top}
-    if path.is_dir():
-        body["items"] = [{"name": f.stem, "module": f.read_text()} for f in sorted(path.glob("*.mlir"))]
-    else:
-        body["model"] = path.read_text()
-    with _job_client(server, token) as client:
+    try:
+        if path.is_dir():
+            body["items"] = [{"name": f.stem, "module": f.read_text()} for f in sorted(path.glob("*.mlir"))]
+        else:
+            body["model"] = path.read_text()
+    except UnicodeDecodeError as exc:
+        raise _ir_failure(ValueError(f"a file under {path} is not UTF-8 text ({exc.reason}): jobs take MLIR text, "
+                                     "not bytecode")) from None
+    with server_errors(server), _job_client(server, token) as client:
         answer = client.submit_job(body)
     typer.echo(f"job {answer['id']}: {answer['state']}, {answer['items']['total']} items", err=True)
     typer.echo(answer["id"])
@@ -60,32 +66,40 @@ def job_submit_cmd(
 def job_watch_cmd(job_id: int, server: str = _SERVER, token: str | None = _TOKEN,
                   interval: float = typer.Option(1.0, "--interval", min=0.1)) -> None:
     """A progress bar of the job's items, trials and ETA until it ends; exit 1 unless it succeeded."""
-    import time
-
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     columns = (TextColumn("job {task.fields[job]} {task.fields[state]}"), BarColumn(), MofNCompleteColumn(),
                TextColumn("running {task.fields[running]} failed {task.fields[failed]} trials {task.fields[trials]} "
                           "eta {task.fields[eta]}"), TimeElapsedColumn())
-    with _job_client(server, token) as client, Progress(*columns) as progress:
-        bar = progress.add_task("job", total=None, job=job_id, state="", running=0, failed=0, trials=0, eta="-")
-        while True:
-            job = client.job(job_id)
-            n = job["items"]
-            progress.update(bar, total=n["total"], completed=n["done"] + n["failed"] + n["cancelled"],
-                            state=job["state"], running=n["running"], failed=n["failed"], trials=job["trials"],
-                            eta="-" if job["eta_s"] is None else f"{job['eta_s']:.0f}s")
-            if job["state"] in ("succeeded", "failed", "cancelled"):
-                break
-            time.sleep(interval)
+    with server_errors(server), _job_client(server, token) as client:
+        job = client.job(job_id)  # before the bar: a wrong id or server is one error line, no bar
+        with Progress(*columns) as progress:
+            job = _follow(client, job, progress, interval)
     if job["state"] != "succeeded":
         raise typer.Exit(1)
+
+
+def _follow(client, job: dict, progress, interval: float) -> dict:
+    """Update the bar from the job's counts until it ends; its last state."""
+    import time
+
+    bar = progress.add_task("job", total=None, job=job["id"], state="", running=0, failed=0, trials=0, eta="-")
+    while True:
+        n = job["items"]
+        progress.update(bar, total=n["total"], completed=n["done"] + n["failed"] + n["cancelled"],
+                        state=job["state"], running=n["running"], failed=n["failed"], trials=job["trials"],
+                        eta="-" if job["eta_s"] is None else f"{job['eta_s']:.0f}s")
+        if job["state"] in ("succeeded", "failed", "cancelled"):
+            return job
+        time.sleep(interval)
+        job = client.job(job["id"])
 
 
 @job_app.command("spec")
 def job_spec_cmd(job_id: int, out: Path = typer.Option(..., "-o", "--out", help="write the merged tuning spec here"),
                  server: str = _SERVER, token: str | None = _TOKEN) -> None:
     """The job's merged IREE tuning spec (its done items' configs)."""
-    with _job_client(server, token) as client:
-        out.write_text(client.job_spec(job_id))
+    with server_errors(server), _job_client(server, token) as client:
+        spec = client.job_spec(job_id)
+    out.write_text(spec)
     typer.echo(f"wrote {out}", err=True)

@@ -15,6 +15,7 @@ import threading
 
 from service.store import jobs
 from service.store.db import session_scope
+from service.store.migrate import NOT_MIGRATED, schema_missing
 
 from .run import JobRuntime, begin_item, execute
 
@@ -30,6 +31,7 @@ class EmbeddedRunner:
         self._stopping = threading.Event()
         self._take = threading.Lock()
         self._recovered = False
+        self._problem: str | None = None
 
     def start(self) -> None:
         for thread in self._threads:
@@ -49,9 +51,12 @@ class EmbeddedRunner:
         while not self._stopping.is_set():
             try:
                 ran = self._run_next()
+                self._problem = None
             except Exception as exc:  # the database is away or not migrated yet: keep the server up, retry
-                log.warning("embedded runner: no item run: %s: %s", type(exc).__name__, str(exc).splitlines()[0])
-                ran = False
+                problem = NOT_MIGRATED if schema_missing(exc) else f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
+                if problem != self._problem:  # once, not each second
+                    log.warning("embedded runner: no item run (retrying each second): %s", problem)
+                self._problem, ran = problem, False
             if not ran:
                 self._wake.wait(1.0)
                 self._wake.clear()

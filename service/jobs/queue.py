@@ -14,12 +14,13 @@ from collections.abc import Iterable
 
 import procrastinate
 from procrastinate import JobContext, RetryStrategy
-from procrastinate.exceptions import AlreadyEnqueued, JobAborted
+from procrastinate.exceptions import AlreadyEnqueued, ConnectorException, JobAborted
 from procrastinate.job_context import AbortReason
 from sqlalchemy.engine import make_url
 
 from service.store import jobs
 from service.store.db import session_scope
+from service.store.migrate import DatabaseNotMigrated, schema_missing
 
 from .run import ItemOutcome, JobRuntime, run_item
 
@@ -92,6 +93,10 @@ def defer_items(app: procrastinate.App, items: Iterable[tuple[int, str]]) -> dic
             ids[item_id] = app.configure_task(RUN_ITEM, queue=queue, queueing_lock=f"item-{item_id}").defer(item_id=item_id)
         except AlreadyEnqueued:
             continue
+        except ConnectorException as exc:
+            if schema_missing(exc):  # the items stay queued: `recover` defers them once it is there
+                raise DatabaseNotMigrated("procrastinate's queue schema is missing") from exc
+            raise
     return ids
 
 

@@ -2,7 +2,9 @@
 
 `iree-compile` and `iree-benchmark-module` come from the same wheels as the MLIR bindings
 (`tool_path`). Both run as subprocesses with time limits; a non-zero exit or a timeout is a
-`ToolFailure` carrying the first error line.
+`ToolFailure` carrying the first error line. A caller that may be stopped (a job item being
+cancelled) runs them `interruptible(check)`: the check is asked before each tool and each second
+while one runs, and what it raises kills the tool's process group and propagates.
 """
 
 from __future__ import annotations
@@ -12,9 +14,13 @@ import importlib.metadata
 import json
 import logging
 import os
+import signal
 import subprocess
 import tempfile
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -60,15 +66,56 @@ def first_error_line(stderr: str) -> str:
     return lines[0] if lines else "failed without a message"
 
 
+StopCheck = Callable[[], None]  # raises to stop the caller's work
+_stop_check: ContextVar[StopCheck | None] = ContextVar("tool_stop_check", default=None)
+_POLL_S = 1.0
+
+
+@contextmanager
+def interruptible(check: StopCheck | None) -> Iterator[None]:
+    """The IREE tools run inside this block ask `check` before they start and each second while
+    they run; an exception from it kills the running tool (its whole process group) and
+    propagates to the caller. None: nothing to ask."""
+    token = _stop_check.set(check)
+    try:
+        yield
+    finally:
+        _stop_check.reset(token)
+
+
 def run_tool(tool: str, args: Sequence[str], timeout_s: float) -> str:
     """One of IREE's tools; its stdout, or ToolFailure with the first error line it printed."""
+    check = _stop_check.get()
+    if check is not None:
+        check()
+    # A process group of its own: a stop or a timeout kills whatever the tool started too.
+    proc = subprocess.Popen([tool_path(tool), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            process_group=0)
+    deadline = time.monotonic() + timeout_s
     try:
-        proc = subprocess.run([tool_path(tool), *args], capture_output=True, text=True, timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        raise ToolFailure(f"{tool} timed out after {timeout_s:g} s") from None
+        while True:
+            try:
+                stdout, stderr = proc.communicate(timeout=max(0.0, min(_POLL_S, deadline - time.monotonic())))
+                break
+            except subprocess.TimeoutExpired:
+                if time.monotonic() >= deadline:
+                    raise ToolFailure(f"{tool} timed out after {timeout_s:g} s") from None
+                if check is not None:
+                    check()
+    except BaseException:
+        _kill_group(proc)
+        raise
     if proc.returncode != 0:
-        raise ToolFailure(first_error_line(proc.stderr or proc.stdout))
-    return proc.stdout
+        raise ToolFailure(first_error_line(stderr or stdout))
+    return stdout
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.communicate()  # reaps it and closes the pipes
 
 
 def compile_module(mlir_path: Path, vmfb_path: Path, configs_dir: Path, timeout_s: float) -> None:

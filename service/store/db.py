@@ -12,7 +12,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -78,7 +78,7 @@ def make_engine(url: str | URL, **engine_kwargs: Any) -> Engine:
                      "use sqlite:///path or postgresql+psycopg://...")
 
 
-def make_sessionmaker(engine: Engine) -> sessionmaker[Session]:
+def make_sessionmaker(engine: Engine | Connection) -> sessionmaker[Session]:
     # Rows returned by the repository are read after the session closes (serialization):
     # keep their loaded attributes instead of expiring them on commit.
     return sessionmaker(bind=engine, expire_on_commit=False)

@@ -328,19 +328,6 @@ def _claim_refinement(session: Session, key: str, owner: str, lease_expires_at: 
     return Claim(ClaimOutcome.BUSY, row)
 
 
-def renew_lease(session: Session, decision_id: int, owner: str, lease_s: float, *, now: datetime | None = None) -> bool:
-    """Extend the caller's lease by ``lease_s`` from now. Commits. False: the lease was lost."""
-    now = now or utcnow()
-    renewed = session.execute(
-        update(_DECISIONS)
-        .where(Decision.id == decision_id, Decision.lease_owner == owner)
-        .values(lease_expires_at=now + timedelta(seconds=lease_s))
-        .returning(_DECISIONS.c.id)
-    ).scalar_one_or_none()
-    session.commit()
-    return renewed is not None
-
-
 def complete_decision(
     session: Session,
     decision_id: int,

@@ -21,6 +21,19 @@ from service.store.db import make_engine, normalize_url, sqlite_file_path
 
 MIGRATIONS_DIR = Path(__file__).resolve().parents[2] / "migrations"
 
+NOT_MIGRATED = "database not migrated: run `tilesearch db upgrade`"
+# PostgreSQL's "undefined" errors: a table, function (procrastinate's), column or schema the
+# code expects is not there. SQLite has no codes: its messages say the same.
+_UNDEFINED_SQLSTATES = frozenset({"42P01", "42883", "42703", "3F000"})
+_SQLITE_UNDEFINED = ("no such table", "no such column", "no such function")
+
+
+class DatabaseNotMigrated(Exception):
+    """The database lacks the schema this code needs (never migrated, or behind the code)."""
+
+    def __init__(self, detail: str = "") -> None:
+        super().__init__(NOT_MIGRATED + (f" ({detail})" if detail else ""))
+
 
 def alembic_config(url: str | URL | None = None) -> Config:
     """An Alembic config for our scripts; ``url=None`` means ``Settings.database_url``."""
@@ -80,7 +93,7 @@ def check_ready(engine: Engine) -> tuple[bool, str]:
     if current != heads:
         have = ", ".join(sorted(current)) or "none"
         want = ", ".join(sorted(heads))
-        return False, f"migrations not at head: database at {have}, code at {want}"
+        return False, str(DatabaseNotMigrated(f"database at revision {have}, code at {want}"))
     return True, f"ok (revision {', '.join(sorted(heads))})"
 
 
@@ -98,3 +111,22 @@ def ready_engine(url: str | URL | None = None) -> tuple[Engine | None, str]:
         engine.dispose()
         return None, detail
     return engine, detail
+
+
+def schema_missing(exc: BaseException) -> bool:
+    """Whether a database error (SQLAlchemy's, the driver's, or a wrapper's such as
+    procrastinate's, through its causes) means a table, column or function of our schema is
+    missing: the database was not migrated to this code's head."""
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [exc]
+    while todo:
+        e = todo.pop()
+        if not isinstance(e, BaseException) or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if getattr(e, "sqlstate", None) in _UNDEFINED_SQLSTATES:
+            return True
+        if type(e).__module__ == "sqlite3" and str(e).startswith(_SQLITE_UNDEFINED):
+            return True
+        todo += [getattr(e, "orig", None), e.__cause__, e.__context__]
+    return False

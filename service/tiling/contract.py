@@ -216,6 +216,11 @@ class SearchStopped(Exception):
 
 class SearchObserver(Protocol):
     """Sees a search's trials as they are found, in the sandbox process (it must pickle).
-    Raising SearchStopped from `trials` stops the search; nothing is realised nor returned."""
+    Raising SearchStopped from `trials` or `check` stops the search; nothing is realised nor
+    returned."""
 
     def trials(self, trials: list[TrialOutcome]) -> None: ...
+
+    def check(self) -> None:
+        """Asked while no trials come (IREE compiling and timing the best plans): raise
+        SearchStopped to stop; the running IREE tool is killed."""

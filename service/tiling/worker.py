@@ -10,7 +10,7 @@ from service.ir.graph import OpGraph
 from service.ir.plan import Plan
 from service.ir.tasks import apply_plan_to_text
 from service.measure.lowering import CONFIGURABLE_KINDS, compilation_info_text, lowering_config_from_levels
-from service.measure.tools import host_translation_info
+from service.measure.tools import host_translation_info, interruptible
 from service.measure.tuning_spec import spec_for_plan
 from service.search.candidate import Evaluation
 from service.measure.cache import host_key
@@ -205,7 +205,8 @@ def search_and_realise(source: str, task: SearchTask, observer: SearchObserver |
     )
     measurements: list[PlanMeasurement] = []
     if task.measure_top:
-        result, measurements = measured_choice(source, result, task.measure_top)
+        with interruptible(observer.check if observer is not None else None):
+            result, measurements = measured_choice(source, result, task.measure_top)
     return outcome_of(source, result, task.hardware, measurements, task.trial_offset)
 
 
@@ -240,3 +241,19 @@ def realise_plan(source: str, plan: Plan, hardware: HardwareModel) -> Realisatio
         compilation_info=compilation_infos(graph, plan, translation_info),
         tuning_spec=spec_for_plan(graph, plan, translation_info),
     )
+
+
+_WARM_UP_MODULE = """
+func.func @warm_up(%a: tensor<16x16xf32>, %b: tensor<16x16xf32>, %c: tensor<16x16xf32>) -> tensor<16x16xf32> {
+  %r = linalg.matmul ins(%a, %b : tensor<16x16xf32>, tensor<16x16xf32>) outs(%c : tensor<16x16xf32>) -> tensor<16x16xf32>
+  return %r : tensor<16x16xf32>
+}
+"""
+
+
+def warm_up(hardware: HardwareModel) -> None:
+    """What a sandbox worker's first search would otherwise pay for: the imports of the search
+    and of the realisation, its kept evaluation process, and (host-cpu) IREE's pipeline options
+    probed with a compile."""
+    analyse_request(_WARM_UP_MODULE, None)
+    search_and_realise(_WARM_UP_MODULE, SearchTask(hardware=hardware, budget=2, seconds=60, strategy="tpe", seed=0))
