@@ -10,7 +10,8 @@ from service.ir.analysis import analyze
 from service.ir.dispatch import dispatches_of
 from service.ir.errors import NotAModelError
 from service.measure.tuning_spec import ContractionDims, ContractionMatcher, contraction_dims, tuning_spec
-from service.measure.whole_model import executable_sources, input_program, model_arguments
+from service.measure.tools import ToolFailure
+from service.measure.whole_model import entry_function, executable_sources, input_program, model_arguments
 
 MODELS = SHARED / "models"
 
@@ -93,6 +94,18 @@ def test_model_arguments_read_through_ireees_abi(tmp_path):
     text = input_program(MODELS / "mlp_512_2048_b16.torch.mlir", tmp_path / "input.mlir")
     shapes = [a.shape for a in model_arguments(text)]
     assert shapes == [(16, 512), (2048, 512), (2048,), (512, 2048), (512,)]
+
+
+def test_a_model_runs_by_its_one_public_function_whatever_its_name():
+    hand_written = "util.func public @mlp2(%x: tensor<4xf32>) -> tensor<4xf32> { util.return %x : tensor<4xf32> }"
+    assert entry_function(hand_written) == "mlp2"
+    with_helper = ("func.func private @helper() { return }\n"
+                   "func.func @forward(%x: tensor<4xf32>) -> tensor<4xf32> { return %x : tensor<4xf32> }")
+    assert entry_function(with_helper) == "forward"
+    two = "func.func @a() { return }\nfunc.func @b() { return }"
+    with pytest.raises(ToolFailure, match=r"2 public functions \(@a, @b\): name the one to run \(--function\)"):
+        entry_function(two)
+    assert entry_function(two + "\nfunc.func @main() { return }") == "main"
 
 
 @pytest.mark.parametrize("maps, expected", [
