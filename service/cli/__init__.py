@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from .common import _hardware_here, _ir_failure, _read_module, _ready_store, _run_ir_task
+from .common import _hardware_here, _ir_failure, _read_module, _read_text, _ready_store, _run_ir_task
 from .jobs import job_app, worker_cmd
 from .model import model_app
 
@@ -108,7 +108,7 @@ def measure_cmd(
     settings = BenchSettings(repetitions=repetitions, min_time_s=min_time_s)
     try:
         result = measure_plan_and_default(
-            file.read_text(), json.loads(plan.read_text()), settings=settings,
+            _read_text(file), json.loads(plan.read_text()), settings=settings,
             shape_hints=parse_shape_hints(shape_hint) or None,
         )
     except NotMeasurable as exc:
@@ -442,9 +442,7 @@ def _tune_via_server(server: str, token: str | None, file: Path, hardware: str, 
     from service.client import TilesearchClient, TilesearchError
     from service.search.engine import parse_buckets, parse_shape_hints
 
-    source = _read_module(file)
-    if isinstance(source, bytes):
-        raise _ir_failure(ValueError("--server takes MLIR text, not bytecode"))
+    source = _read_text(file)
     try:
         with TilesearchClient(server, token) as client:
             decision = client.tile(source, hardware, budget=budget, seconds=seconds, strategy=strategy, seed=seed,

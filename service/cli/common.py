@@ -3,12 +3,14 @@ worker, and turning the caller's mistakes into exit code 2."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import typer
 
 
-def _ir_failure(exc: Exception) -> typer.Exit:
+def _ir_failure(exc: Exception | str) -> typer.Exit:
     """Print an IR core error (with line:column diagnostics) to stderr; exit code 2."""
     typer.echo(f"error: {exc}", err=True)
     return typer.Exit(2)
@@ -23,11 +25,23 @@ def _run_ir_task(fn, *args, timeout: float = 60.0):
 
 
 def _read_module(path: Path) -> str | bytes:
-    data = path.read_bytes()
+    """The file as MLIR text, or bytes for MLIR bytecode; exit 2 naming the line and column of
+    a byte that is neither."""
+    from service.ir.errors import InvalidTextError
+    from service.ir.parse import decode_source
+
     try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError:
-        return data  # MLIR bytecode
+        return decode_source(path.read_bytes())
+    except InvalidTextError as exc:
+        raise _ir_failure(f"{path}: {exc}") from None
+
+
+def _read_text(path: Path) -> str:
+    """The file as MLIR text (not bytecode): for what goes to a server as JSON."""
+    source = _read_module(path)
+    if isinstance(source, bytes):
+        raise _ir_failure(f"{path}: MLIR bytecode; the server takes MLIR text")
+    return source
 
 
 def _ready_store():
@@ -50,3 +64,19 @@ def _hardware_here(sessions, name: str):
         return get_profile(name)
     with session_scope(sessions) as session:
         return find_hardware(session, name).model
+
+
+@contextmanager
+def _server_errors(server: str) -> Iterator[None]:
+    """A server's refusal (its message) exits 2, a server out of reach 1: neither a traceback."""
+    import httpx
+
+    from service.client import TilesearchError
+
+    try:
+        yield
+    except TilesearchError as exc:
+        raise _ir_failure(exc) from None
+    except httpx.HTTPError as exc:
+        typer.echo(f"error: cannot reach {server}: {exc}", err=True)
+        raise typer.Exit(1) from None

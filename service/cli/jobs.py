@@ -6,6 +6,9 @@ from pathlib import Path
 
 import typer
 
+from .common import _ir_failure, _read_text, _server_errors
+
+
 def worker_cmd(
     concurrency: int = typer.Option(1, "--concurrency", min=1, help="items at once (one sandbox process each)"),
     queue: list[str] | None = typer.Option(None, "--queue", help="queues to take items from (repeatable); default: "
@@ -47,10 +50,13 @@ def job_submit_cmd(
     """Queue a job; prints its id (follow it with `tilesearch job watch ID`)."""
     body: dict = {"hardware": hardware, "budget": budget, "seconds": seconds, "measure_top": measure_top}
     if path.is_dir():
-        body["items"] = [{"name": f.stem, "module": f.read_text()} for f in sorted(path.glob("*.mlir"))]
+        files = sorted(path.glob("*.mlir"))
+        if not files:
+            raise _ir_failure(f"{path} holds no *.mlir file")
+        body["items"] = [{"name": f.stem, "module": _read_text(f)} for f in files]
     else:
-        body["model"] = path.read_text()
-    with _job_client(server, token) as client:
+        body["model"] = _read_text(path)
+    with _server_errors(server), _job_client(server, token) as client:
         answer = client.submit_job(body)
     typer.echo(f"job {answer['id']}: {answer['state']}, {answer['items']['total']} items", err=True)
     typer.echo(answer["id"])
@@ -67,7 +73,7 @@ def job_watch_cmd(job_id: int, server: str = _SERVER, token: str | None = _TOKEN
     columns = (TextColumn("job {task.fields[job]} {task.fields[state]}"), BarColumn(), MofNCompleteColumn(),
                TextColumn("running {task.fields[running]} failed {task.fields[failed]} trials {task.fields[trials]} "
                           "eta {task.fields[eta]}"), TimeElapsedColumn())
-    with _job_client(server, token) as client, Progress(*columns) as progress:
+    with _server_errors(server), _job_client(server, token) as client, Progress(*columns) as progress:
         bar = progress.add_task("job", total=None, job=job_id, state="", running=0, failed=0, trials=0, eta="-")
         while True:
             job = client.job(job_id)
@@ -86,6 +92,6 @@ def job_watch_cmd(job_id: int, server: str = _SERVER, token: str | None = _TOKEN
 def job_spec_cmd(job_id: int, out: Path = typer.Option(..., "-o", "--out", help="write the merged tuning spec here"),
                  server: str = _SERVER, token: str | None = _TOKEN) -> None:
     """The job's merged IREE tuning spec (its done items' configs)."""
-    with _job_client(server, token) as client:
+    with _server_errors(server), _job_client(server, token) as client:
         out.write_text(client.job_spec(job_id))
     typer.echo(f"wrote {out}", err=True)
