@@ -162,3 +162,30 @@ def test_a_spec_needs_a_matcher():
     # IREE requires the entry point to be one foreach_match and its yield.
     with pytest.raises(ValueError, match="no matcher"):
         tuning_spec([])
+
+
+DYNAMIC_MATMUL = """
+func.func @dyn(%a: tensor<?x64xf32>, %b: tensor<64x32xf32>) -> tensor<?x32xf32> {
+  %zero = arith.constant 0.0 : f32
+  %c0 = arith.constant 0 : index
+  %d = tensor.dim %a, %c0 : tensor<?x64xf32>
+  %e = tensor.empty(%d) : tensor<?x32xf32>
+  %f = linalg.fill ins(%zero : f32) outs(%e : tensor<?x32xf32>) -> tensor<?x32xf32>
+  %r = linalg.matmul ins(%a, %b : tensor<?x64xf32>, tensor<64x32xf32>) outs(%f : tensor<?x32xf32>) -> tensor<?x32xf32>
+  return %r : tensor<?x32xf32>
+}"""
+
+
+def test_tune_without_a_spec_to_write_prints_its_answer_and_says_why(tmp_path):
+    from typer.testing import CliRunner
+
+    from service.cli import app
+
+    module = tmp_path / "dyn.mlir"
+    module.write_text(DYNAMIC_MATMUL)
+    spec = tmp_path / "spec.mlir"
+    result = CliRunner().invoke(app, ["tune", str(module), "--budget", "4", "--workers", "1", "--shape-hint", "arg0=8x64",
+                                      "--spec-out", str(spec)])
+    assert result.exit_code == 2 and not spec.exists()
+    assert "best plan" in result.output  # the search's answer is not thrown away
+    assert "linalg.matmul (uid 1) has dynamic dims" in result.output and "static shapes only" in result.output

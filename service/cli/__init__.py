@@ -400,35 +400,42 @@ def tune_cmd(
             typer.echo(f"stored {stored} measurements for this host's calibration" if sessions is not None
                        else f"note: measurements not stored: {store_why}", err=True)
     written = write_outputs(result, source, out) if out else []
+    no_spec = None
     if spec_out is not None:
-        written.append(_write_spec(source, result.plan, hw, spec_out))
+        no_spec = _write_spec(source, result.plan, hw, spec_out)
+        if no_spec is None:
+            written.append(f"{spec_out} (IREE tuning spec)")
     if as_json:
         typer.echo(json.dumps(result.summary(), indent=2))
-        return
-    for w in result.warnings:
-        typer.echo(f"warning: {w}", err=True)
-    for line in summary_lines(result):
-        typer.echo(line)
-    for path in written:
-        typer.echo(f"wrote {path}")
-    if not result.feasible:
+    else:
+        for w in result.warnings:
+            typer.echo(f"warning: {w}", err=True)
+        for line in summary_lines(result):
+            typer.echo(line)
+        for path in written:
+            typer.echo(f"wrote {path}")
+    if no_spec is not None:  # after the answer: the search's result is still worth having
+        typer.echo(f"error: no tuning spec written to {spec_out}: {no_spec}", err=True)
+        raise typer.Exit(2)
+    if not result.feasible and not as_json:
         raise typer.Exit(3)
 
 
-def _write_spec(source: str | bytes, plan: dict, hardware, path: Path) -> str:
-    """The plan's IREE tuning spec (its contraction anchors' configs) written to `path`."""
+def _write_spec(source: str | bytes, plan: dict, hardware, path: Path) -> str | None:
+    """Write the plan's IREE tuning spec (its contraction anchors' configs) to `path`; or say
+    why it has none."""
     from service.ir.analysis import analyze
     from service.ir.plan import Plan
     from service.measure.tools import host_translation_info
-    from service.measure.tuning_spec import spec_for_plan
+    from service.measure.tuning_spec import spec_for_plan, why_no_spec
 
     translation_info = host_translation_info() if hardware.name == "host-cpu" else None
-    spec = spec_for_plan(analyze(source).graph, Plan.model_validate(plan), translation_info)
+    graph, parsed = analyze(source).graph, Plan.model_validate(plan)
+    spec = spec_for_plan(graph, parsed, translation_info)
     if spec is None:
-        typer.echo("error: the plan configures no contraction: there is no tuning spec to write", err=True)
-        raise typer.Exit(2)
+        return why_no_spec(graph, parsed)
     path.write_text(spec)
-    return f"{path} (IREE tuning spec)"
+    return None
 
 
 def _tune_via_server(server: str, token: str | None, file: Path, hardware: str, budget: int, seconds: float | None,
