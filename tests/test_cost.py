@@ -234,3 +234,22 @@ def test_the_op_graph_and_the_cost_model_count_the_same_flops() -> None:
         cost = estimate_cost(tagged, get_profile("host-cpu"))
     assert op.flops_per_point == 2 and op.kind == "elementwise"
     assert cost.flops == 64 * op.flops_per_point
+
+
+def test_a_tile_larger_than_its_dim_costs_the_dim() -> None:
+    """affine.min(64 - iv, 1000) bounds a 1000 tile of a 64 dim: one 64-row tile, not 1000 rows."""
+    text = """
+func.func @mm(%a: tensor<64x256xf32>, %b: tensor<256x512xf32>) -> tensor<64x512xf32> {
+  %zero = arith.constant 0.0 : f32
+  %e = tensor.empty() : tensor<64x512xf32>
+  %f = linalg.fill ins(%zero : f32) outs(%e : tensor<64x512xf32>) -> tensor<64x512xf32>
+  %r = linalg.matmul ins(%a, %b : tensor<64x256xf32>, tensor<256x512xf32>) outs(%f : tensor<64x512xf32>) -> tensor<64x512xf32>
+  return %r : tensor<64x512xf32>
+}"""
+    a = analyze(text)
+    costs = []
+    for m_tile in (64, 1000):
+        plan = Plan.model_validate({"groups": [{"anchor": 1, "fuse": [0], "levels": [{"tile_sizes": [m_tile, 64, 0], "loop": "forall"}]}]})
+        costs.append(estimate_cost(apply_plan(a.tagged, plan, a.graph).module, get_profile("host-cpu"), original=a.tagged))
+    assert costs[1].flops == costs[0].flops == 2 * 64 * 256 * 512
+    assert costs[1].latency_s == costs[0].latency_s

@@ -57,6 +57,25 @@ def test_bad_input_exit_code_and_location(tmp_path) -> None:
     assert "2:8" in result.output and "linalg.exp" in result.output
 
 
+def test_bytes_that_are_not_utf8_are_named_by_line_and_column(tmp_path) -> None:
+    bad = tmp_path / "latin1.mlir"
+    bad.write_bytes(b"func.func @f() {\n  // caf\xe9\n  return\n}\n")
+    for args in (["inspect", str(bad)], ["tune", str(bad), "--server", "http://127.0.0.1:9"],
+                 ["job", "submit", str(bad), "--hardware", "host-cpu", "--server", "http://127.0.0.1:9"]):
+        result = runner.invoke(app, args)
+        assert result.exit_code == 2, (args, result.output)
+        assert "contains byte 0xe9 (invalid continuation byte) at line 2, column 9" in result.output, result.output
+
+
+def test_job_commands_turn_server_answers_into_messages(tmp_path) -> None:
+    (tmp_path / "empty").mkdir()
+    result = runner.invoke(app, ["job", "submit", str(tmp_path / "empty"), "--hardware", "host-cpu"])
+    assert result.exit_code == 2 and "holds no *.mlir file" in result.output
+    result = runner.invoke(app, ["job", "watch", "7", "--server", "http://127.0.0.1:9"])
+    assert result.exit_code == 1 and "cannot reach http://127.0.0.1:9" in result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+
+
 def test_rejected_plan_exit_code(tmp_path) -> None:
     (tmp_path / "plan.json").write_text(json.dumps({"groups": [{"anchor": 1, "fuse": [0], "levels": [{"tile_sizes": [64, 64, 0]}]}]}))
     result = runner.invoke(app, ["apply", str(WORKLOADS / "fuse_group.mlir"), "--plan", str(tmp_path / "plan.json")])

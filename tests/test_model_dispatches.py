@@ -10,7 +10,8 @@ from service.ir.analysis import analyze
 from service.ir.dispatch import dispatches_of
 from service.ir.errors import NotAModelError
 from service.measure.tuning_spec import ContractionDims, ContractionMatcher, contraction_dims, tuning_spec
-from service.measure.whole_model import executable_sources, input_program, model_arguments
+from service.measure.tools import ToolFailure
+from service.measure.whole_model import entry_function, executable_sources, input_program, model_arguments
 
 MODELS = SHARED / "models"
 
@@ -95,6 +96,18 @@ def test_model_arguments_read_through_ireees_abi(tmp_path):
     assert shapes == [(16, 512), (2048, 512), (2048,), (512, 2048), (512,)]
 
 
+def test_a_model_runs_by_its_one_public_function_whatever_its_name():
+    hand_written = "util.func public @mlp2(%x: tensor<4xf32>) -> tensor<4xf32> { util.return %x : tensor<4xf32> }"
+    assert entry_function(hand_written) == "mlp2"
+    with_helper = ("func.func private @helper() { return }\n"
+                   "func.func @forward(%x: tensor<4xf32>) -> tensor<4xf32> { return %x : tensor<4xf32> }")
+    assert entry_function(with_helper) == "forward"
+    two = "func.func @a() { return }\nfunc.func @b() { return }"
+    with pytest.raises(ToolFailure, match=r"2 public functions \(@a, @b\): name the one to run \(--function\)"):
+        entry_function(two)
+    assert entry_function(two + "\nfunc.func @main() { return }") == "main"
+
+
 @pytest.mark.parametrize("maps, expected", [
     (MATMUL_MAPS, ContractionDims((), (0,), (1,), (2,))),
     (("(d0, d1, d2) -> (d0, d2)", "(d0, d1, d2) -> (d1, d2)", "(d0, d1, d2) -> (d0, d1)"), ContractionDims((), (0,), (1,), (2,))),
@@ -149,3 +162,30 @@ def test_a_spec_needs_a_matcher():
     # IREE requires the entry point to be one foreach_match and its yield.
     with pytest.raises(ValueError, match="no matcher"):
         tuning_spec([])
+
+
+DYNAMIC_MATMUL = """
+func.func @dyn(%a: tensor<?x64xf32>, %b: tensor<64x32xf32>) -> tensor<?x32xf32> {
+  %zero = arith.constant 0.0 : f32
+  %c0 = arith.constant 0 : index
+  %d = tensor.dim %a, %c0 : tensor<?x64xf32>
+  %e = tensor.empty(%d) : tensor<?x32xf32>
+  %f = linalg.fill ins(%zero : f32) outs(%e : tensor<?x32xf32>) -> tensor<?x32xf32>
+  %r = linalg.matmul ins(%a, %b : tensor<?x64xf32>, tensor<64x32xf32>) outs(%f : tensor<?x32xf32>) -> tensor<?x32xf32>
+  return %r : tensor<?x32xf32>
+}"""
+
+
+def test_tune_without_a_spec_to_write_prints_its_answer_and_says_why(tmp_path):
+    from typer.testing import CliRunner
+
+    from service.cli import app
+
+    module = tmp_path / "dyn.mlir"
+    module.write_text(DYNAMIC_MATMUL)
+    spec = tmp_path / "spec.mlir"
+    result = CliRunner().invoke(app, ["tune", str(module), "--budget", "4", "--workers", "1", "--shape-hint", "arg0=8x64",
+                                      "--spec-out", str(spec)])
+    assert result.exit_code == 2 and not spec.exists()
+    assert "best plan" in result.output  # the search's answer is not thrown away
+    assert "linalg.matmul (uid 1) has dynamic dims" in result.output and "static shapes only" in result.output

@@ -166,6 +166,10 @@ def test_list_decisions_keyset_pagination(sessions: sessionmaker[Session]) -> No
         assert cursor is None and [r.id for r in rows] == [ids[6], ids[4], ids[2], ids[0]]
         rows, _ = decisions.list_decisions(session, hardware_hash="hw-1")
         assert [r.id for r in rows] == [ids[3], ids[2]]
+        rows, _ = decisions.list_decisions(session, fingerprint="fp-", limit=10)  # a prefix, as inspect prints it
+        assert [r.id for r in rows] == sorted(ids, reverse=True)
+        rows, _ = decisions.list_decisions(session, fingerprint="fp_", limit=10)  # LIKE's wildcard is a character
+        assert rows == []
         rows, _ = decisions.list_decisions(session, fingerprint="fp-0", hardware_hash="hw-1")
         assert [r.id for r in rows] == [ids[2]]
         rows, _ = decisions.list_decisions(session, status=DecisionStatus.DONE)

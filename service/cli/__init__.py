@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from .common import _hardware_here, _ir_failure, _read_module, _ready_store, _run_ir_task, server_errors
+from .common import _hardware_here, _ir_failure, _read_module, _read_text, _ready_store, _run_ir_task, server_errors
 from .jobs import job_app, worker_cmd
 from .model import model_app
 
@@ -108,7 +108,7 @@ def measure_cmd(
     settings = BenchSettings(repetitions=repetitions, min_time_s=min_time_s)
     try:
         result = measure_plan_and_default(
-            file.read_text(), json.loads(plan.read_text()), settings=settings,
+            _read_text(file), json.loads(plan.read_text()), settings=settings,
             shape_hints=parse_shape_hints(shape_hint) or None,
         )
     except NotMeasurable as exc:
@@ -400,35 +400,42 @@ def tune_cmd(
             typer.echo(f"stored {stored} measurements for this host's calibration" if sessions is not None
                        else f"note: measurements not stored: {store_why}", err=True)
     written = write_outputs(result, source, out) if out else []
+    no_spec = None
     if spec_out is not None:
-        written.append(_write_spec(source, result.plan, hw, spec_out))
+        no_spec = _write_spec(source, result.plan, hw, spec_out)
+        if no_spec is None:
+            written.append(f"{spec_out} (IREE tuning spec)")
     if as_json:
         typer.echo(json.dumps(result.summary(), indent=2))
-        return
-    for w in result.warnings:
-        typer.echo(f"warning: {w}", err=True)
-    for line in summary_lines(result):
-        typer.echo(line)
-    for path in written:
-        typer.echo(f"wrote {path}")
-    if not result.feasible:
+    else:
+        for w in result.warnings:
+            typer.echo(f"warning: {w}", err=True)
+        for line in summary_lines(result):
+            typer.echo(line)
+        for path in written:
+            typer.echo(f"wrote {path}")
+    if no_spec is not None:  # after the answer: the search's result is still worth having
+        typer.echo(f"error: no tuning spec written to {spec_out}: {no_spec}", err=True)
+        raise typer.Exit(2)
+    if not result.feasible and not as_json:
         raise typer.Exit(3)
 
 
-def _write_spec(source: str | bytes, plan: dict, hardware, path: Path) -> str:
-    """The plan's IREE tuning spec (its contraction anchors' configs) written to `path`."""
+def _write_spec(source: str | bytes, plan: dict, hardware, path: Path) -> str | None:
+    """Write the plan's IREE tuning spec (its contraction anchors' configs) to `path`; or say
+    why it has none."""
     from service.ir.analysis import analyze
     from service.ir.plan import Plan
     from service.measure.tools import host_translation_info
-    from service.measure.tuning_spec import spec_for_plan
+    from service.measure.tuning_spec import spec_for_plan, why_no_spec
 
     translation_info = host_translation_info() if hardware.name == "host-cpu" else None
-    spec = spec_for_plan(analyze(source).graph, Plan.model_validate(plan), translation_info)
+    graph, parsed = analyze(source).graph, Plan.model_validate(plan)
+    spec = spec_for_plan(graph, parsed, translation_info)
     if spec is None:
-        typer.echo("error: the plan configures no contraction: there is no tuning spec to write", err=True)
-        raise typer.Exit(2)
+        return why_no_spec(graph, parsed)
     path.write_text(spec)
-    return f"{path} (IREE tuning spec)"
+    return None
 
 
 def _tune_via_server(server: str, token: str | None, file: Path, hardware: str, budget: int, seconds: float | None,
@@ -440,9 +447,7 @@ def _tune_via_server(server: str, token: str | None, file: Path, hardware: str, 
     from service.client import TilesearchClient
     from service.search.engine import parse_buckets, parse_shape_hints
 
-    source = _read_module(file)
-    if isinstance(source, bytes):
-        raise _ir_failure(ValueError("--server takes MLIR text, not bytecode"))
+    source = _read_text(file)
     try:
         shape_hints, buckets = parse_shape_hints(shape_hint) or None, parse_buckets(bucket) or None
     except ValueError as exc:

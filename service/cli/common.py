@@ -10,7 +10,7 @@ from pathlib import Path
 import typer
 
 
-def _ir_failure(exc: Exception) -> typer.Exit:
+def _ir_failure(exc: Exception | str) -> typer.Exit:
     """Print an IR core error (with line:column diagnostics) to stderr; exit code 2."""
     typer.echo(f"error: {exc}", err=True)
     return typer.Exit(2)
@@ -25,11 +25,23 @@ def _run_ir_task(fn, *args, timeout: float = 60.0):
 
 
 def _read_module(path: Path) -> str | bytes:
-    data = path.read_bytes()
+    """The file as MLIR text, or bytes for MLIR bytecode; exit 2 naming the line and column of
+    a byte that is neither."""
+    from service.ir.errors import InvalidTextError
+    from service.ir.parse import decode_source
+
     try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError:
-        return data  # MLIR bytecode
+        return decode_source(path.read_bytes())
+    except InvalidTextError as exc:
+        raise _ir_failure(f"{path}: {exc}") from None
+
+
+def _read_text(path: Path) -> str:
+    """The file as MLIR text (not bytecode): for what goes to a server as JSON."""
+    source = _read_module(path)
+    if isinstance(source, bytes):
+        raise _ir_failure(f"{path}: MLIR bytecode; the server takes MLIR text")
+    return source
 
 
 def _ready_store():

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from .common import _ir_failure, server_errors
+from .common import _ir_failure, _read_text, server_errors
 
 def worker_cmd(
     concurrency: int = typer.Option(1, "--concurrency", min=1, help="items at once (one sandbox process each)"),
@@ -48,14 +48,13 @@ def job_submit_cmd(
 ) -> None:
     """Queue a job; prints its id (follow it with `tilesearch job watch ID`)."""
     body: dict = {"hardware": hardware, "budget": budget, "seconds": seconds, "measure_top": measure_top}
-    try:
-        if path.is_dir():
-            body["items"] = [{"name": f.stem, "module": f.read_text()} for f in sorted(path.glob("*.mlir"))]
-        else:
-            body["model"] = path.read_text()
-    except UnicodeDecodeError as exc:
-        raise _ir_failure(ValueError(f"a file under {path} is not UTF-8 text ({exc.reason}): jobs take MLIR text, "
-                                     "not bytecode")) from None
+    if path.is_dir():
+        files = sorted(path.glob("*.mlir"))
+        if not files:
+            raise _ir_failure(f"{path} holds no *.mlir file")
+        body["items"] = [{"name": f.stem, "module": _read_text(f)} for f in files]
+    else:
+        body["model"] = _read_text(path)
     with server_errors(server), _job_client(server, token) as client:
         answer = client.submit_job(body)
     typer.echo(f"job {answer['id']}: {answer['state']}, {answer['items']['total']} items", err=True)

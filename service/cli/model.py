@@ -153,6 +153,7 @@ def model_bench_cmd(
     file: Path = typer.Argument(..., exists=True, dir_okay=False, help="the model the spec was tuned for"),
     spec: Path = typer.Option(..., "--spec", exists=True, dir_okay=False, help="IREE tuning spec"),
     rounds: int = typer.Option(5, "--rounds", min=1, help="interleaved rounds of both builds"),
+    function: str | None = typer.Option(None, "--function", help="the function to run (default: the model's one public function)"),
     as_json: bool = typer.Option(False, "--json", help="print JSON"),
 ) -> None:
     """Time the whole model compiled with and without the spec (iree-benchmark-module, interleaved)."""
@@ -160,7 +161,7 @@ def model_bench_cmd(
     from service.model_tuning import ModelInputError, bench_model
 
     try:
-        result = bench_model(file, spec, rounds=rounds)
+        result = bench_model(file, spec, rounds=rounds, function=function)
     except (ModelInputError, ToolFailure) as exc:
         raise _ir_failure(exc) from None
     if as_json:

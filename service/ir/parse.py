@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .errors import Diagnostic, MLIRSyntaxError, MLIRVerifyError, ModuleTooLargeError
+from .errors import Diagnostic, InvalidTextError, MLIRSyntaxError, MLIRVerifyError, ModuleTooLargeError
 from .lexical import check_text
 from .mlir import context, ir
 
@@ -86,20 +86,28 @@ def check_op_counts(module: ir.Module, max_ops: int) -> None:
                                   counted="operations counting those nested in regions")
 
 
+def decode_source(data: bytes) -> str | bytes:
+    """A file's bytes as MLIR takes them: bytecode as bytes, anything else as UTF-8 text.
+    InvalidTextError names the line and column (in bytes) of the first byte that is not UTF-8."""
+    if data.startswith(BYTECODE_MAGIC):
+        return data
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line_start = data.rfind(b"\n", 0, exc.start) + 1
+        raise InvalidTextError(f"it contains byte 0x{data[exc.start]:02x} ({exc.reason})",
+                               data.count(b"\n", 0, exc.start) + 1, exc.start - line_start + 1) from None
+
+
 def parse_module(source: str | bytes, *, max_ops: int | None = None) -> ir.Module:
     """Parse and verify MLIR text or bytecode in this process's context.
 
-    Raises InvalidTextError (lone surrogate, NUL) or NestingTooDeepError before MLIR sees the
+    Raises InvalidTextError (bytes that are not UTF-8, a lone surrogate, NUL) or NestingTooDeepError before MLIR sees the
     text, MLIRSyntaxError (with diagnostics) for text MLIR cannot parse, MLIRVerifyError when
     the verifier rejects the module, ModuleTooLargeError past `max_ops` (see check_op_counts).
     """
-    if isinstance(source, (bytes, bytearray)) and not bytes(source).startswith(BYTECODE_MAGIC):
-        try:
-            source = bytes(source).decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise MLIRSyntaxError(
-                [Diagnostic(f"input is neither UTF-8 MLIR text nor MLIR bytecode ({exc.reason})")]
-            ) from None
+    if isinstance(source, (bytes, bytearray)):
+        source = decode_source(bytes(source))
     if isinstance(source, str):
         check_text(source)
     if isinstance(source, str) and not source.strip():

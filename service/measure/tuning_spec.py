@@ -123,6 +123,22 @@ def spec_for_plan(graph: OpGraph, plan: Plan, translation_info: str | None = Non
     return tuning_spec(list(matchers.values())) if matchers else None
 
 
+def why_no_spec(graph: OpGraph, plan: Plan) -> str:
+    """Why `spec_for_plan` gives no spec for this plan: what its anchors are."""
+    anchors = [graph.op(g.anchor) for g in plan.groups]
+    if not anchors:
+        return "the plan tiles nothing"
+    dynamic = [op for op in anchors if op.kind == "contraction" and any(r is None for r in op.loop_ranges)]
+    if dynamic:
+        return (f"{dynamic[0].name} (uid {dynamic[0].uid}) has dynamic dims: IREE's contraction matcher checks every "
+                "dim size, so a spec is for static shapes only")
+    convolutions = [op for op in anchors if op.kind == "convolution"]
+    if convolutions:
+        return (f"{convolutions[0].name} is a convolution: IREE's CPU backend drops a forced compilation_info on "
+                "linalg.conv_* ops")
+    return "the plan configures no contraction: " + ", ".join(sorted({f"{op.name} ({op.kind})" for op in anchors}))
+
+
 def tuning_spec(matchers: list[ContractionMatcher]) -> str:
     """The spec module's text, as MLIR prints it after parsing it."""
     if not matchers:

@@ -82,6 +82,22 @@ def _symbol(op: ir.Operation) -> str:
     return ir.StringAttr(op.attributes["sym_name"]).value
 
 
+def entry_function(input_text: str) -> str:
+    """The function a model is run by: its one public function (`@main` among several). A model
+    exported by iree-turbine calls it `main`; one written by hand names it as it likes."""
+    with context():
+        module = ir.Module.parse(input_text)
+        public = [_symbol(f) for f in _walk(module.operation, lambda o: o.name in ("util.func", "func.func"))
+                  if "sym_visibility" not in f.attributes or ir.StringAttr(f.attributes["sym_visibility"]).value == "public"]
+    names = [n for n in public if not n.endswith("$async")]
+    if len(names) == 1:
+        return names[0]
+    if "main" in names:
+        return "main"
+    raise ToolFailure(f"the model has {len(names)} public functions ({', '.join('@' + n for n in names) or 'none'}): "
+                      "name the one to run (--function)")
+
+
 def model_arguments(input_text: str, function: str = "main") -> list[ArgumentSpec]:
     """The tensors `function` takes, in order: its tensor arguments, or, behind IREE's ABI
     (`@main` calling `@main$async` on buffer views), the types its `hal.tensor.import`s give them."""
@@ -149,6 +165,7 @@ __all__ = [
     "canonical_attribute",
     "compile_model",
     "dispatch_configs",
+    "entry_function",
     "executable_sources",
     "input_program",
     "model_arguments",

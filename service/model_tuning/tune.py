@@ -40,6 +40,7 @@ from service.measure.whole_model import (
     canonical_attribute,
     compile_model,
     dispatch_configs,
+    entry_function,
     executable_sources,
     input_program,
     model_arguments,
@@ -392,12 +393,21 @@ class ModelBenchmark(BaseModel):
     tuned_samples_s: list[float]
 
 
-def bench_model(model: Path, spec: Path, *, rounds: int = 5, function: str = "main") -> ModelBenchmark:
-    """Whole-model wall time with and without the spec, interleaved rounds on this CPU."""
+def bench_model(model: Path, spec: Path, *, rounds: int = 5, function: str | None = None) -> ModelBenchmark:
+    """Whole-model wall time with and without the spec, interleaved rounds on this CPU; run by
+    `function`, by default the model's one public function."""
     with tempfile.TemporaryDirectory(prefix="tilesearch-bench-") as tmp:
         workdir = Path(tmp)
         try:
-            arguments = model_arguments(input_program(model, workdir / "input.mlir"), function)
+            program = input_program(model, workdir / "input.mlir")
+        except ToolFailure as failure:
+            raise ModelInputError(f"IREE cannot compile {model.name}: {failure.line}") from None
+        try:
+            function = function or entry_function(program)
+            arguments = model_arguments(program, function)
+        except ToolFailure as failure:
+            raise ModelInputError(f"cannot run {model.name}: {failure.line}") from None
+        try:
             compile_model(model, workdir / "default.vmfb", workdir / "default_configs")
             compile_model(model, workdir / "tuned.vmfb", workdir / "tuned_configs", spec=spec)
         except ToolFailure as failure:

@@ -64,6 +64,7 @@ from service.store.query import (
 
 # The core table, for the single-statement insert and the compare-and-set updates.
 _DECISIONS = cast(Table, Decision.__table__)
+FINGERPRINT_HEX_DIGITS = 64  # sha256
 
 
 # ---------------------------------------------------------------------------------------------
@@ -187,6 +188,14 @@ def get_decision_by_key(session: Session, key: str) -> Decision | None:
     return session.scalars(select(Decision).where(Decision.key == key), execution_options=FRESH).one_or_none()
 
 
+def _fingerprint_matches(fingerprint: str):
+    """A whole sha256 matches itself; anything shorter is a prefix (`tilesearch inspect` and
+    the dashboard show the first 16 and 12 hex digits)."""
+    if len(fingerprint) >= FINGERPRINT_HEX_DIGITS:
+        return Decision.module_fingerprint == fingerprint
+    return Decision.module_fingerprint.startswith(fingerprint, autoescape=True)
+
+
 def list_decisions(
     session: Session,
     *,
@@ -204,7 +213,7 @@ def list_decisions(
     size = page_size(limit)
     statement = select(Decision).order_by(Decision.id.desc()).limit(size + 1)
     if fingerprint is not None:
-        statement = statement.where(Decision.module_fingerprint == fingerprint)
+        statement = statement.where(_fingerprint_matches(fingerprint))
     if hardware_hash is not None:
         statement = statement.where(Decision.hardware_hash == hardware_hash)
     if status is not None:

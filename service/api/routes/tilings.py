@@ -53,7 +53,7 @@ async def create_tiling(body: TilingRequest, request: Request, service: TilingSe
 @router.get("", response_model=DecisionPage, responses=_ERRORS)
 def list_tilings(
     session: DbSession,
-    fingerprint: Annotated[str | None, Query(pattern=r"^[0-9a-f]{1,128}$", description="module fingerprint (hex)")] = None,
+    fingerprint: Annotated[str | None, Query(pattern=r"^[0-9a-f]{1,128}$", description="module fingerprint (sha256 hex) or a prefix of it")] = None,
     hardware: Annotated[str | None, Query(max_length=200, description="hardware name or content hash")] = None,
     limit: Annotated[int, Query(ge=1, le=MAX_PAGE_SIZE)] = DEFAULT_PAGE_SIZE,
     cursor: Annotated[str | None, Query(pattern=_CURSOR, max_length=200)] = None,

@@ -182,6 +182,10 @@ class Analyzer:
         n_sizes = sum(1 for s in static_sizes if s == DYNAMIC)
         dynamic_offsets = operands[first:first + n_offsets]
         sizes = self._mixed_ints(static_sizes, operands[first + n_offsets:first + n_offsets + n_sizes])
+        if n_sizes:  # a tile larger than its dim: affine.min(dim - iv, tile) is the dim, not the tile
+            whole = self.shape(operands[first - 1])  # the slice's source (extract) or dest (insert)
+            sizes = [min(n, whole[d]) if s == DYNAMIC and d < len(whole) else n
+                     for d, (s, n) in enumerate(zip(static_sizes, sizes))]
         return static_offsets, dynamic_offsets, sizes
 
     def _static_or_int(self, op, attr: str, dynamic_values) -> list[int]:
