@@ -122,11 +122,14 @@ def test_an_unknown_job_or_hardware_and_a_bad_request_are_the_servers_message(se
     code, stderr = cli("job", "submit", str(items), "--hardware", "no-such-chip", *auth, cwd=tmp_path)
     assert code == 2 and "no-such-chip" in one_error_line(stderr) and "HTTP 404" in stderr
 
+    code, stderr = cli("job", "submit", str(items), "--hardware", "host-cpu", "--measure-top", "99", *auth,
+                       cwd=tmp_path)
+    line = one_error_line(stderr)
+    assert code == 2 and "measure_top" in line and "16" in line and "HTTP 422" in line  # FastAPI's list, as one line
     empty = tmp_path / "empty"
     empty.mkdir()
     code, stderr = cli("job", "submit", str(empty), "--hardware", "host-cpu", *auth, cwd=tmp_path)
-    line = one_error_line(stderr)
-    assert code == 2 and '"items" is empty' in line and "HTTP 422" in line  # FastAPI's list, as one line
+    assert code == 2 and "holds no *.mlir file" in one_error_line(stderr)  # said before any request
 
     code, stderr = cli("tune", str(items / "mm.mlir"), "--hardware", "no-such-chip", "--budget", "2", *auth,
                        cwd=tmp_path)

@@ -88,9 +88,10 @@ def run_tool(tool: str, args: Sequence[str], timeout_s: float) -> str:
     check = _stop_check.get()
     if check is not None:
         check()
-    # A process group of its own: a stop or a timeout kills whatever the tool started too.
-    proc = subprocess.Popen([tool_path(tool), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            process_group=0)
+    # A session of its own (so a process group to kill, and no controlling terminal whose job
+    # control could stop it): a stop or a timeout kills whatever the tool started too.
+    proc = subprocess.Popen([tool_path(tool), *args], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
     deadline = time.monotonic() + timeout_s
     try:
         while True:
