@@ -39,7 +39,10 @@ def compile_model(model: Path, vmfb: Path, configs_dir: Path, spec: Path | None 
                   timeout_s: float = 600.0) -> None:
     args = [str(model), *HOST_COMPILE_FLAGS, f"--iree-hal-dump-executable-configurations-to={configs_dir}", "-o", str(vmfb)]
     if spec is not None:
-        args.append(f"--iree-codegen-tuning-spec-path={spec}")
+        # IREE 3.13's MaterializeTuningSpecsPass can deadlock when executables compile in
+        # parallel (IREECodegenDialect::getOrLoadTransformLibraryModule waits on a mutex held
+        # across the pass manager's thread pool; a full test run hung there twice).
+        args += [f"--iree-codegen-tuning-spec-path={spec}", "--mlir-disable-threading"]
     run_tool("iree-compile", args, timeout_s)
 
 
