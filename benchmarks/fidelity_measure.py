@@ -34,6 +34,7 @@ from service.hardware.profiles import get_profile  # noqa: E402
 from service.measure.cache import MeasurementCache, host_key, measurement_key  # noqa: E402
 from service.measure.calibration_plans import ContractionWorkload, contraction_workload, plan_for  # noqa: E402
 from service.measure.forcing import NotMeasurable  # noqa: E402
+from service.measure.lowering import levels_from_lowering_config  # noqa: E402
 from service.measure.timing import BenchSettings, Measurement, cpu_per_core_s, measure_plans_and_default  # noqa: E402
 
 SETTINGS = BenchSettings(repetitions=3, min_time_s=0.05)
@@ -82,9 +83,14 @@ def measure_shape(s: Shape, cache: MeasurementCache, measure: bool = True,
         for i, m in enumerate(got):
             cache.put(f"{key}:{i}", m)
         cache.put(f"{key}:default", default)
-    read = paired_wall_s if timing == "wall" else (lambda m, _: cpu_per_core_s(m))
-    return ShapeMeasurements(s, w, plans, [read(m, default) for m in got], read(default, default),
-                             _default_plan(w, default), default.error)
+    return ShapeMeasurements(s, w, plans, [read_time(m, default, timing) for m in got],
+                             read_time(default, default, timing), _default_plan(w, default), default.error)
+
+
+def read_time(m: Measurement, default: Measurement, timing: str) -> float | None:
+    """A measurement's time per TIMING: CPU time per worker thread, or wall time paired with
+    the IREE default timed in the same rounds."""
+    return paired_wall_s(m, default) if timing == "wall" else cpu_per_core_s(m)
 
 
 def paired_wall_s(m: Measurement, default: Measurement) -> float | None:
@@ -97,14 +103,11 @@ def paired_wall_s(m: Measurement, default: Measurement) -> float | None:
 
 
 def _default_plan(w: ContractionWorkload, default: Measurement) -> dict | None:
-    """IREE's chosen config as a three-level plan of ours, so the model can rank it too."""
+    """IREE's chosen config as a plan of ours, so the model can rank it too."""
     if not default.ok or len(default.config) != 1:
         return None
-    c = default.config[0]
-    m, n = [i for i, t in enumerate(w.iterator_types) if t == "parallel"][-2:]
-    k = w.iterator_types.index("reduction")
-    return plan_for(w, (c.distribution[m], c.distribution[n]),
-                    (c.vector_common_parallel[m], c.vector_common_parallel[n]), c.vector_reduction[k])
+    return {"groups": [{"anchor": w.anchor, "fuse": list(w.fuse),
+                        "levels": levels_from_lowering_config(default.config[0])}]}
 
 
 def main() -> None:

@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from fidelity_corpus import Shape, corpus, module_text  # noqa: E402
-from fidelity_measure import SETTINGS, TIMINGS, ShapeMeasurements, host_cache, measure_shape, paired_wall_s  # noqa: E402
+from fidelity_measure import SETTINGS, TIMINGS, ShapeMeasurements, host_cache, measure_shape, read_time  # noqa: E402
 
 from service.hardware.model import Calibration, HardwareModel  # noqa: E402
 from service.hardware.profiles import get_profile  # noqa: E402
@@ -40,7 +40,7 @@ from service.measure.cache import MeasurementCache, host_key, measurement_key  #
 from service.measure.calibration_fit import Predictor, fit_profile, with_calibration  # noqa: E402
 from service.measure.calibration_samples import Sample  # noqa: E402
 from service.measure.forcing import NotMeasurable  # noqa: E402
-from service.measure.timing import cpu_per_core_s, measure_plans_and_default  # noqa: E402
+from service.measure.timing import measure_plans_and_default  # noqa: E402
 from service.search.engine import tune  # noqa: E402
 
 CLASSES = ("M<=32", "square-ish", "tall-skinny", "batched")
@@ -82,10 +82,7 @@ def search_vs_default(s: Shape, hardware: HardwareModel, budget: int, cache: Mea
             return None
         cache.put(key, forced)
         cache.put(key + ":default", default)
-    if timing == "wall":
-        f, d = paired_wall_s(forced, default), paired_wall_s(default, default)
-    else:
-        f, d = cpu_per_core_s(forced), cpu_per_core_s(default)
+    f, d = read_time(forced, default, timing), read_time(default, default, timing)
     return d / f if f and d else None
 
 
