@@ -171,3 +171,17 @@ def tuning_every_dispatch() -> Iterator[None]:
         mp.setattr(guard, "PREDICTED_MARGIN", -1.0)
         yield
 
+
+# A small matmul IREE compiles in a second or two, for the tests that measure with real IREE.
+TINY_MATMUL = """
+func.func @mm(%a: tensor<64x96xf32>, %b: tensor<96x80xf32>) -> tensor<64x80xf32> {
+  %zero = arith.constant 0.0 : f32
+  %init = tensor.empty() : tensor<64x80xf32>
+  %acc = linalg.fill ins(%zero : f32) outs(%init : tensor<64x80xf32>) -> tensor<64x80xf32>
+  %r = linalg.matmul ins(%a, %b : tensor<64x96xf32>, tensor<96x80xf32>) outs(%acc : tensor<64x80xf32>) -> tensor<64x80xf32>
+  return %r : tensor<64x80xf32>
+}
+"""
+
+needs_avx512 = pytest.mark.skipif("avx512f" not in Path("/proc/cpuinfo").read_text(),
+                                  reason="host-cpu is pinned to an AVX-512 reference host; IREE compiles for this CPU")

@@ -20,7 +20,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 from typer.testing import CliRunner
 
-from _shared import WORKLOADS
+from _shared import TINY_MATMUL, WORKLOADS, needs_avx512
 
 from service.api.app import create_app
 from service.cli import app as cli_app
@@ -281,20 +281,6 @@ def test_the_hardware_endpoint_says_when_nothing_is_measured(migrated_url) -> No
 
 
 # --------------------------------------------------------------------------- the CLI (real IREE)
-
-TINY_MATMUL = """
-func.func @mm(%a: tensor<64x96xf32>, %b: tensor<96x80xf32>) -> tensor<64x80xf32> {
-  %zero = arith.constant 0.0 : f32
-  %init = tensor.empty() : tensor<64x80xf32>
-  %acc = linalg.fill ins(%zero : f32) outs(%init : tensor<64x80xf32>) -> tensor<64x80xf32>
-  %r = linalg.matmul ins(%a, %b : tensor<64x96xf32>, tensor<96x80xf32>) outs(%acc : tensor<64x80xf32>) -> tensor<64x80xf32>
-  return %r : tensor<64x80xf32>
-}
-"""
-
-needs_avx512 = pytest.mark.skipif("avx512f" not in Path("/proc/cpuinfo").read_text(),
-                                  reason="host-cpu is pinned to an AVX-512 reference host; IREE compiles for this CPU")
-
 
 @pytest.fixture
 def sqlite_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):

@@ -16,6 +16,8 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import select
 
+from _shared import TINY_MATMUL, needs_avx512
+
 from service.api.app import create_app
 from service.api.dashboard.views import measured_of
 from service.config import Settings
@@ -26,20 +28,6 @@ from service.store import migrate
 from service.store.db import make_engine, make_sessionmaker, session_scope
 from service.store.decisions import Effort, effort_covers, merged_effort
 from service.store.models import Measurement
-
-TINY_MATMUL = """
-func.func @mm(%a: tensor<64x96xf32>, %b: tensor<96x80xf32>) -> tensor<64x80xf32> {
-  %zero = arith.constant 0.0 : f32
-  %init = tensor.empty() : tensor<64x80xf32>
-  %acc = linalg.fill ins(%zero : f32) outs(%init : tensor<64x80xf32>) -> tensor<64x80xf32>
-  %r = linalg.matmul ins(%a, %b : tensor<64x96xf32>, tensor<96x80xf32>) outs(%acc : tensor<64x80xf32>) -> tensor<64x80xf32>
-  return %r : tensor<64x80xf32>
-}
-"""
-
-needs_avx512 = pytest.mark.skipif("avx512f" not in Path("/proc/cpuinfo").read_text(),
-                                  reason="host-cpu is pinned to an AVX-512 reference host; IREE compiles for this CPU")
-
 
 # --------------------------------------------------------------------------- effort
 
