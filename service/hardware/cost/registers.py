@@ -60,7 +60,7 @@ def microkernel_efficiency(c: Compute, level: int, hw: HardwareModel, acc_trips:
     b_overflows = k > 2 and (needed > regs or regs < acc + k * n_vecs + 1)
     b_tile = _B_TILE_OVERFLOW_EFFICIENCY if b_overflows else 1.0
     if c.rhs_k_contiguous:
-        b_tile = _transposed_b_overflow(acc, n_vecs, k, hw)
+        b_tile = _transposed_b_overflow(c, acc, n_vecs, k, hw)
     # A step lasts as long as its slowest resource, which overlap: the FMA units, the
     # accumulators' dependency chains, the load ports, and (B stored [n, k]) the shuffle unit.
     pipeline = min(1.0, acc / hw.compute.fma_pipeline_depth)
@@ -85,7 +85,7 @@ def _transpose_efficiency(c: Compute, acc: int, n_vecs: int, k: int, hw: Hardwar
     """B contiguous along k: per reduction tile, its [n, k] tile is transposed into k rows of n
     in registers (k >= lanes: log2(lanes) shuffles per vector of B) or gathered element by
     element (k < lanes). The FMA units wait when that takes longer than the tile's FMAs."""
-    lanes = max(1, hw.compute.vector_width_bytes // c.element_bytes)
+    lanes = _lanes(c, hw)
     fma_cycles = acc * k / _FMAS_PER_CYCLE
     if k >= lanes:
         b_cycles = n_vecs * k * math.log2(lanes) / _SHUFFLES_PER_CYCLE
@@ -102,19 +102,19 @@ _RAGGED_ELEMENTS_PER_CYCLE = 2.0
 
 
 def _ragged_row_efficiency(c: Compute, m: int, acc: int, hw: HardwareModel) -> float:
-    lanes = max(1, hw.compute.vector_width_bytes // c.element_bytes)
+    lanes = _lanes(c, hw)
     row = c.parallel_tile[-1] if c.parallel_tile else 1
     if row <= lanes or row % lanes == 0:
         return 1.0
     return min(1.0, (acc / _FMAS_PER_CYCLE) / (m * row / _RAGGED_ELEMENTS_PER_CYCLE))
 
 
-def _transposed_b_overflow(acc: int, n_vecs: int, k: int, hw: HardwareModel) -> float:
+def _transposed_b_overflow(c: Compute, acc: int, n_vecs: int, k: int, hw: HardwareModel) -> float:
     """B contiguous along k: the transposed tile, n_vecs x min(k, lanes) vectors, is live beside
     the accumulators; the share that does not fit the register file goes through the stack
     twice (store, reload) per step."""
     regs = hw.compute.vector_registers or 0
-    b_regs = n_vecs * min(k, max(1, hw.compute.vector_width_bytes // 4))
+    b_regs = n_vecs * min(k, _lanes(c, hw))
     free = max(1, regs - acc - 1)
     return min(1.0, free / b_regs) if b_regs else 1.0
 
@@ -155,9 +155,14 @@ def _rows_per_set(rows: tuple[tuple[int, int], ...], line_bytes: int, sets: int)
     return max(Counter((o // line_bytes) % sets for o in offsets).values())
 
 
+def _lanes(c: Compute, hw: HardwareModel) -> int:
+    """Elements of the compute's type in one vector register."""
+    return max(1, hw.compute.vector_width_bytes // c.element_bytes)
+
+
 def _vectors_per_row(c: Compute, hw: HardwareModel) -> int:
     """Vector registers one row of the register tile spans (its innermost parallel extent)."""
-    lanes = max(1, hw.compute.vector_width_bytes // c.element_bytes)
+    lanes = _lanes(c, hw)
     return math.ceil((c.parallel_tile[-1] if c.parallel_tile else 1) / lanes)
 
 
