@@ -20,7 +20,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 from typer.testing import CliRunner
 
-from _shared import TINY_MATMUL, WORKLOADS, needs_avx512
+from _shared import MATMUL_64X96X80, WORKLOADS, needs_avx512
 
 from service.api.app import create_app
 from service.cli import app as cli_app
@@ -306,20 +306,20 @@ def _rows(sessions) -> list[Measurement]:
 @pytest.mark.slow
 def test_tune_and_calibrate_store_their_measurements(sqlite_store, tmp_path: Path) -> None:
     module = tmp_path / "mm.mlir"
-    module.write_text(TINY_MATMUL)
+    module.write_text(MATMUL_64X96X80)
     runner = CliRunner()
     tuned = runner.invoke(cli_app, ["tune", str(module), "--budget", "8", "--measure-top", "2", "--json"])
     assert tuned.exit_code == 0, tuned.output
     rows = _rows(sqlite_store)
-    fingerprint = analyze(TINY_MATMUL).fingerprint
+    fingerprint = analyze(MATMUL_64X96X80).fingerprint
     assert [r.is_default for r in rows] == [False, False, True]
     assert {(r.source, r.host_key, r.module_fingerprint) for r in rows} == {("tune", this_host(), fingerprint)}
     assert all(r.ok and r.cpu_s > 0 and r.default_cpu_s == rows[-1].cpu_s for r in rows)
     with session_scope(sqlite_store) as session:
-        assert catalog.get_module(session, fingerprint).text == TINY_MATMUL
+        assert catalog.get_module(session, fingerprint).text == MATMUL_64X96X80
 
     (tmp_path / "workloads").mkdir()
-    (tmp_path / "workloads" / "mm.mlir").write_text(TINY_MATMUL)
+    (tmp_path / "workloads" / "mm.mlir").write_text(MATMUL_64X96X80)
     calibrated = runner.invoke(cli_app, ["calibrate", "--workloads", str(tmp_path / "workloads"), "--plans", "3",
                                          "--json"])
     assert calibrated.exit_code == 0, calibrated.output

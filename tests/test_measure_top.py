@@ -16,7 +16,7 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import select
 
-from _shared import TINY_MATMUL, needs_avx512
+from _shared import MATMUL_64X96X80, needs_avx512
 
 from service.api.app import create_app
 from service.api.dashboard.views import measured_of
@@ -92,7 +92,7 @@ def _assert_rows(rows: list[Measurement], k: int, answer: dict, source: str) -> 
 def test_tiling_with_measure_top_keeps_the_fastest_measured(migrated_url: str) -> None:
     with _client(migrated_url) as client:
         def tile(**extra):
-            return client.post("/v1/tilings", json={"module": TINY_MATMUL, "hardware": "host-cpu", "budget": 8, **extra})
+            return client.post("/v1/tilings", json={"module": MATMUL_64X96X80, "hardware": "host-cpu", "budget": 8, **extra})
 
         predicted = tile().json()
         assert predicted["cache"] == "miss" and predicted["search_stats"]["chosen_by"] == "predicted"
@@ -135,7 +135,7 @@ def test_embedded_job_item_with_measure_top_ends_measured(tmp_path: Path) -> Non
     url = f"sqlite:///{tmp_path / 'tilesearch.db'}"
     migrate.upgrade(url)
     with _client(url) as client:
-        body = {"items": [{"name": "mm", "module": TINY_MATMUL}], "hardware": "host-cpu", "budget": 8,
+        body = {"items": [{"name": "mm", "module": MATMUL_64X96X80}], "hardware": "host-cpu", "budget": 8,
                 "measure_top": 2}
         accepted = client.post("/v1/jobs", json=body)
         assert accepted.status_code == 202, accepted.text
@@ -150,7 +150,7 @@ def test_embedded_job_item_with_measure_top_ends_measured(tmp_path: Path) -> Non
         _assert_measured(decision["search_stats"], 2)
         _assert_rows(_measurements(url, decision["id"]), 2, decision, "job")
         # the item's decision is an ordinary one: a predicted request is a hit on it
-        hit = client.post("/v1/tilings", json={"module": TINY_MATMUL, "hardware": "host-cpu", "budget": 8}).json()
+        hit = client.post("/v1/tilings", json={"module": MATMUL_64X96X80, "hardware": "host-cpu", "budget": 8}).json()
         assert (hit["cache"], hit["id"]) == ("hit", decision["id"])
 
 
