@@ -16,7 +16,7 @@ from sqlalchemy import select
 
 from service.store.models import ItemState, Measurement
 from test_jobs_workers import db, finished, items_of, pg_url, pg_url_empty, procs, submit, wait_for  # noqa: F401
-from test_measure_top import TINY_MATMUL, needs_avx512
+from _shared import MATMUL_64X96X80, needs_avx512
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow, needs_avx512]
 
@@ -54,7 +54,7 @@ def _measurements(db, decision_id: int) -> list[Measurement]:
 def test_a_measuring_item_completes_on_a_worker_with_its_measurements_stored(procs, db) -> None:
     procs.worker()
     procs.serve(8786)
-    job_id = submit(8786, {"items": [{"name": "mm", "module": TINY_MATMUL}], "hardware": "host-cpu", "budget": 8,
+    job_id = submit(8786, {"items": [{"name": "mm", "module": MATMUL_64X96X80}], "hardware": "host-cpu", "budget": 8,
                            "measure_top": 2})
     body = wait_for(lambda: finished(8786, job_id), 300, "the measured item to finish", every=1)
     assert body["state"] == "succeeded", body
@@ -69,7 +69,7 @@ def test_a_measuring_item_completes_on_a_worker_with_its_measurements_stored(pro
 def test_cancel_while_iree_measures_stops_the_item_within_seconds(procs, db) -> None:
     worker = procs.worker()
     procs.serve(8787)
-    job_id = submit(8787, {"items": [{"name": "mm", "module": TINY_MATMUL}], "hardware": "host-cpu", "budget": 8,
+    job_id = submit(8787, {"items": [{"name": "mm", "module": MATMUL_64X96X80}], "hardware": "host-cpu", "budget": 8,
                            "measure_top": 4})
     wait_for(lambda: iree_tools_under(worker.pid), 300, "IREE to compile or time the item's plans", every=0.1)
     t0 = time.monotonic()
@@ -85,6 +85,6 @@ def test_cancel_while_iree_measures_stops_the_item_within_seconds(procs, db) -> 
     assert _measurements(db, item.decision_id) == []  # nothing half-measured stored
     assert stopped_after < 6
     # The worker is free again: the next item runs.
-    again = submit(8787, {"items": [{"name": "quick", "module": TINY_MATMUL.replace("@mm", "@mm2")}],
+    again = submit(8787, {"items": [{"name": "quick", "module": MATMUL_64X96X80.replace("@mm", "@mm2")}],
                           "hardware": "host-cpu", "budget": 4})
     assert wait_for(lambda: finished(8787, again), 120, "the next job")["state"] == "succeeded"
