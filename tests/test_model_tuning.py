@@ -109,8 +109,8 @@ def test_dispatches_one_matcher_cannot_tell_apart_are_decided_together(tmp_path,
     decides for both, whichever the guard would leave."""
     judge = tune._judge
 
-    def leave_one(c, hardware, measure_top):
-        judge(c, hardware, measure_top)
+    def leave_one(c, hardware):
+        judge(c, hardware)
         if left in c.dispatch.entry:
             c.left = "left by the test"
 

@@ -19,7 +19,7 @@ def model_tune_cmd(
     spec_out: Path = typer.Option(..., "--spec-out", help="write the IREE tuning spec here"),
     budget: int | None = typer.Option(None, "--budget", min=1, help="plans to evaluate over the whole model (default 64 per tunable dispatch)"),
     seconds: float | None = typer.Option(None, "--seconds", help="wall-clock limit for the search"),
-    measure_top: int = typer.Option(0, "--measure-top", min=0, help="measure each tuned dispatch's K best predicted plans beside IREE's default"),
+    measure_top: int = typer.Option(0, "--measure-top", min=0, help="time each tuned root's K best predicted plans inside the model (IREE's profiler) beside IREE's default build, then the whole model with the spec"),
     seed: int = typer.Option(0, "--seed"),
     store: bool = typer.Option(True, "--store/--no-store", help="keep the run, its spec and its dispatches' "
                                                                  "decisions in the store (DATABASE_URL)"),
@@ -78,6 +78,9 @@ def model_tune_cmd(
                    f"predicted {report.predicted_total_s * 1e3:.3f} ms for the tuned dispatches")
     else:
         typer.echo("nothing to tune: no spec written")
+    if report.measured_model_s is not None and report.iree_default_measured_model_s is not None:
+        typer.echo(f"measured inside the model (all dispatches per run): IREE's default "
+                   f"{report.iree_default_measured_model_s * 1e3:.3f} ms, with the spec {report.measured_model_s * 1e3:.3f} ms")
     if run_id is not None:
         typer.echo(f"stored as model run {run_id} (tilesearch model spec {run_id} -o spec.mlir)")
 

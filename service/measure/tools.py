@@ -36,7 +36,7 @@ HOST_COMPILE_FLAGS = (
     "--iree-hal-local-target-device-backends=llvm-cpu",
     "--iree-llvmcpu-target-cpu=host",
 )
-_BENCH_DEVICE = "local-task"
+BENCH_DEVICE = "local-task"  # IREE's multi-threaded CPU device: what a model runs on
 
 
 def iree_version() -> str:
@@ -197,7 +197,7 @@ def benchmark_module(
     """Seconds per call, one sample per repetition (each the mean over that repetition's runs)."""
     stdout = run_tool("iree-benchmark-module", [
         f"--module={vmfb_path}",
-        f"--device={_BENCH_DEVICE}",
+        f"--device={BENCH_DEVICE}",
         f"--function={function}",
         *input_flags,
         f"--benchmark_repetitions={repetitions}",

@@ -17,7 +17,7 @@ from service.ir.graph import walk_ops
 from service.ir.mlir import context, ir
 
 from .forcing import ArgumentSpec, write_inputs
-from .tools import HOST_COMPILE_FLAGS, ToolFailure, benchmark_module, run_tool
+from .tools import BENCH_DEVICE, HOST_COMPILE_FLAGS, ToolFailure, benchmark_module, run_tool
 
 _STRUCTURED_PREFIX = "linalg."
 
@@ -157,7 +157,7 @@ def run_outputs(vmfb: Path, input_flags: list[str], out_dir: Path, n_outputs: in
     """Run the model once with iree-run-module, writing each output to a .npy file."""
     out_dir.mkdir(parents=True, exist_ok=True)
     outputs = [out_dir / f"out{i}.npy" for i in range(n_outputs)]
-    run_tool("iree-run-module", [f"--module={vmfb}", "--device=local-task", f"--function={function}",
+    run_tool("iree-run-module", [f"--module={vmfb}", f"--device={BENCH_DEVICE}", f"--function={function}",
                                  *input_flags, *(f"--output=@{p}" for p in outputs)], timeout_s)
     return outputs
 

@@ -9,7 +9,8 @@ one tuning spec that IREE is shown to apply.
    each slice is one more `tune` of one dispatch, warm-started from its best plan so far.
    IREE's own default config of each root (from the model compiled once without a spec) is
    priced as a plan by the same evaluator, and a dispatch ships its tuned config only if it is
-   predicted (or measured) faster than that default by a margin (`guard.py`).
+   predicted faster than that default by a margin (`guard.py`); with `measure_top`, measured
+   faster inside the model (`in_model.py`), and the whole model with the spec too.
 4. The best plan's root group becomes a `compilation_info`, and the dispatch's root a contraction
    matcher (`service.measure.tuning_spec`). Roots that two dispatches share get one matcher.
 5. The model is compiled with the spec, and IREE's configuration dumps must show every tuned
@@ -32,8 +33,10 @@ from service.ir.dispatch import Dispatch, dispatches_of
 from service.ir.errors import IRError
 from service.ir.graph import OpGraph, TileableOp
 from service.ir.plan import Plan
+from service.measure.dispatch_profile import DispatchTime
 from service.measure.forcing import write_inputs
-from service.measure.tools import ToolFailure, host_translation_info
+from service.measure.timing import Measurement
+from service.measure.tools import ToolFailure, host_translation_info, iree_version
 from service.measure.tuning_spec import ContractionMatcher, contraction_matcher, tuning_spec
 from service.measure.whole_model import (
     DispatchConfig,
@@ -47,11 +50,12 @@ from service.measure.whole_model import (
     time_models,
 )
 from service.search.engine import tune
-from service.search.refine import Refinement, with_measured_choice
+from service.search.refine import MeasuredPlan, Refinement, top_plans, with_measured_choice
 from service.search.results import TuneResult
 from service.search.task_scheduler import TaskState, schedule
 
-from .guard import iree_default_plan, measure_against_default, predicted_default_s, predicted_verdict
+from .guard import iree_default_plan, measured_verdict, predicted_default_s, predicted_verdict
+from .in_model import RootUnderTest, confirm_in_model, time_in_model
 
 ProgressFn = Callable[[str, int, int], None]  # (dispatch name, slices done, slices in all)
 _SLICE = 32  # evaluations per scheduler slice
@@ -79,8 +83,9 @@ class DispatchReport(BaseModel):
     iree_default: str | None = Field(default=None, description="the lowering_config IREE's default gave its root")
     iree_default_predicted_s: float | None = Field(
         default=None, description="predicted seconds per call with IREE's default config (same cost model)")
-    measured_s: float | None = Field(default=None, description="--measure-top: the fastest measured plan's CPU "
-                                                                "seconds per call, the dispatch compiled on its own")
+    measured_s: float | None = Field(default=None, description="--measure-top: the fastest measured plan, wall seconds "
+                                                                "per model run of the dispatches its root config "
+                                                                "applies to, timed inside the model")
     iree_default_measured_s: float | None = Field(default=None, description="--measure-top: IREE's default, timed alike")
     evaluations: int = 0
 
@@ -103,6 +108,9 @@ class ModelTuneReport(BaseModel):
     spec: str | None = Field(description="path of the tuning spec written (None: nothing was tuned)")
     predicted_total_s: float = Field(description="sum over tuned dispatches of weight x predicted seconds")
     verified: bool = Field(description="IREE applied the spec's config to every tuned root and nothing else")
+    iree_default_measured_model_s: float | None = Field(
+        default=None, description="--measure-top: every dispatch's wall time per model run, IREE's default build")
+    measured_model_s: float | None = Field(default=None, description="--measure-top: the same with the spec")
     elapsed_s: float
     searches: list[DispatchSearch] = Field(default_factory=list, exclude=True,
                                            description="the tuned dispatches' searches, for the store")
@@ -112,7 +120,9 @@ class ModelTuneReport(BaseModel):
                                                      "predicted_s", "config", "iree_default_predicted_s",
                                                      "measured_s", "iree_default_measured_s"})
                                for d in self.dispatches],
-                "spec": self.spec, "predicted_total_s": self.predicted_total_s, "verified": self.verified}
+                "spec": self.spec, "predicted_total_s": self.predicted_total_s, "verified": self.verified,
+                "iree_default_measured_model_s": self.iree_default_measured_model_s,
+                "measured_model_s": self.measured_model_s}
 
 
 class _Candidate:
@@ -189,22 +199,17 @@ def classify_dispatches(model: Path, workdir: Path) -> tuple[list[Dispatch], lis
     return tunable, left
 
 
-def _root_group(candidate: _Candidate) -> dict | None:
-    for group in (candidate.plan or {}).get("groups", []):
-        if group["anchor"] == candidate.root.uid:
-            return group
-    return None
-
-
 def _root_key(candidate: _Candidate) -> tuple | None:
     """What a matcher of this dispatch's root would check (None: no matcher can match it)."""
     matcher = contraction_matcher(candidate.root, [], "root")
     return None if matcher is None else matcher.matched
 
 
-def _matcher(candidate: _Candidate, name: str, translation_info: str | None) -> ContractionMatcher | None:
-    group = _root_group(candidate)
-    return None if group is None else contraction_matcher(candidate.root, group["levels"], name, translation_info)
+def _plan_matcher(c: _Candidate, plan: dict, name: str, translation_info: str | None) -> ContractionMatcher | None:
+    """The matcher of the dispatch's root with the config `plan` gives it (None: the plan leaves
+    the root untiled)."""
+    group = next((g for g in plan.get("groups", []) if g["anchor"] == c.root.uid), None)
+    return None if group is None else contraction_matcher(c.root, group["levels"], name, translation_info)
 
 
 def _structured_index(candidate: _Candidate) -> int:
@@ -273,24 +278,72 @@ def _verify(model: Path, spec_path: Path, tuned: dict[str, tuple[_Candidate, str
     return problems
 
 
-def _judge(c: _Candidate, hardware: HardwareModel, measure_top: int) -> None:
-    """The guard (guard.py): the tuned plan ships only if it beats IREE's default, measured when
-    asked (the K best predicted plans and IREE's default, the dispatch compiled on its own),
-    else predicted; `c.left` says why not."""
+def _judge(c: _Candidate, hardware: HardwareModel) -> None:
+    """The guard by prediction (guard.py): the tuned plan ships only if it is predicted faster
+    than IREE's default; `c.left` says why not. A candidate measured inside the model was
+    decided by its measurement (`_measure_in_model`)."""
     c.default_s = predicted_default_s(c.dispatch.module or "", hardware, c.default_plan)
-    if measure_top and c.result is not None and c.plan:
-        c.refinement, verdict = measure_against_default(c.dispatch.module or "", c.result, measure_top, c.default_plan)
-        if verdict is not None:
-            c.measured_s, c.default_measured_s = verdict.tuned_s, verdict.default_s
-            if not verdict.keep:
-                c.left = verdict.reason
-                return
-            chosen = with_measured_choice(c.result, c.refinement)
-            c.plan, c.predicted, c.latency_s = chosen.plan, chosen.predicted, chosen.predicted.get("latency_s")
-            c.note = verdict.reason
-            return
-        c.note = f"not measured ({c.refinement.not_measurable or 'no plan and IREE default both timed'}): predicted"
-    c.left = predicted_verdict(c.latency_s, c.default_s)
+    if c.refinement is None:
+        c.left = predicted_verdict(c.latency_s, c.default_s)
+
+
+def _in_model_measurement(per_call: list[DispatchTime], error: str | None) -> Measurement:
+    """A plan's (or IREE's default's) time per call of the root's heaviest dispatch, inside the model."""
+    if not per_call:
+        return Measurement(ok=False, error=error or "not timed inside the model", iree_version=iree_version())
+    return Measurement(ok=True, median_s=statistics.median(t.wall_s for t in per_call),
+                       samples_s=[t.wall_s for t in per_call], cpu_median_s=statistics.median(t.cpu_s for t in per_call),
+                       cpu_samples_s=[t.cpu_s for t in per_call], iree_version=iree_version())
+
+
+def _model_inputs(model: Path, workdir: Path) -> tuple[str, list[str]]:
+    """The model's entry function and `--input` flags of random data for it."""
+    program = input_program(model, workdir / "input.mlir")
+    function = entry_function(program)
+    return function, write_inputs(model_arguments(program, function), workdir)
+
+
+def _measure_in_model(model: Path, ranked: list[_Candidate], k: int, translation: str | None, function: str,
+                      flags: list[str], workdir: Path) -> None:
+    """`--measure-top K`: the K best predicted plans of each root, timed inside the model beside
+    IREE's default build (in_model.py); the heaviest dispatch of each root (`ranked` is heaviest
+    first) ships the fastest only if it beats IREE's default by the guard's margin."""
+    groups: dict[tuple, list[_Candidate]] = {}
+    for c in ranked:
+        key = _root_key(c)
+        if key is not None and c.result is not None and c.plan:
+            groups.setdefault(key, []).append(c)
+    leads, roots, tops = [], [], []
+    for i, members in enumerate(groups.values()):
+        lead = members[0]
+        top = [(plan, h, lat, m) for j, (plan, h, lat) in enumerate(top_plans(lead.result, k))
+               if (m := _plan_matcher(lead, plan, f"root{i}_plan{j}", translation)) is not None]
+        if not top:
+            continue
+        leads.append(lead)
+        tops.append(top)
+        roots.append(RootUnderTest(dispatches={m.dispatch.entry: m.dispatch.weight for m in members},
+                                   root_index=_structured_index(lead), matchers=[m for *_, m in top]))
+    for lead, top, times in zip(leads, tops, time_in_model(model, roots, workdir / "default.vmfb", function, flags,
+                                                            workdir / "in_model")):
+        candidates = [MeasuredPlan(plan=plan, plan_hash=h, predicted_latency_s=lat,
+                                   measured=_in_model_measurement(times.per_call[j], times.errors[j]))
+                      for j, (plan, h, lat, _) in enumerate(top)]
+        medians = [statistics.median(s) if s else None for s in times.plans_s]
+        timed = [(m, j) for j, m in enumerate(medians) if m is not None]
+        chosen = min(timed)[1] if timed else None
+        lead.refinement = Refinement(candidates=candidates, chosen=chosen,
+                                     default=_in_model_measurement(times.default_per_call, None))
+        lead.measured_s = medians[chosen] if chosen is not None else None
+        lead.default_measured_s = statistics.median(times.default_s) if times.default_s else None
+        lead.left = measured_verdict(lead.measured_s, lead.default_measured_s)
+        if lead.left is None and chosen is not None:
+            picked = with_measured_choice(lead.result, lead.refinement)
+            lead.plan, lead.predicted = picked.plan, picked.predicted
+            lead.latency_s = picked.predicted.get("latency_s")
+            lead.note = (f"measured inside the model: {lead.measured_s * 1e3:.4f} ms against IREE's default "
+                         f"{lead.default_measured_s * 1e3:.4f} ms per model run "
+                         f"({lead.default_measured_s / lead.measured_s:.2f}x)")
 
 
 def _search_record(c: _Candidate, measure_top: int) -> DispatchSearch:
@@ -328,15 +381,21 @@ def tune_model(model: Path, hardware: HardwareModel, spec_out: Path, *, budget: 
         total = budget if budget is not None else 64 * max(1, len(candidates))
         if candidates:
             _search(candidates, hardware, total, seconds, seed, progress)
-        for c in candidates:
-            _judge(c, hardware, measure_top)
         translation = host_translation_info() if hardware.name == "host-cpu" else None
+        ranked = sorted(candidates, key=lambda c: -(c.dispatch.weight * (c.latency_s or 0.0)))
+        if measure_top and candidates:
+            try:
+                function, flags = _model_inputs(model, workdir)
+                _measure_in_model(model, ranked, measure_top, translation, function, flags, workdir)
+            except ToolFailure as failure:
+                raise ModelInputError(f"cannot run {model.name} to measure it: {failure.line}") from None
+        for c in candidates:
+            _judge(c, hardware)
         matchers: dict[tuple, ContractionMatcher] = {}
         decided: dict[tuple | None, ContractionMatcher | str] = {}  # by root: its matcher, or why left
         tuned: dict[str, tuple[_Candidate, str]] = {}
         searches: list[DispatchSearch] = []
         by_name = {r.name: r for r in reports}
-        ranked = sorted(candidates, key=lambda c: -(c.dispatch.weight * (c.latency_s or 0.0)))
         for c in ranked:
             report = by_name[c.dispatch.entry]
             report.evaluations, report.predicted_s = c.evaluations, c.latency_s
@@ -357,7 +416,7 @@ def tune_model(model: Path, hardware: HardwareModel, spec_out: Path, *, budget: 
                 report.reason = c.left
                 decided[key] = c.left
                 continue
-            matcher = heavier or _matcher(c, f"dispatch_{len(matchers)}", translation)
+            matcher = heavier or _plan_matcher(c, c.plan or {}, f"dispatch_{len(matchers)}", translation)
             if matcher is None:
                 report.reason = "the best plan found leaves the root untiled: IREE's own config is kept"
                 decided[key] = report.reason
@@ -376,11 +435,35 @@ def tune_model(model: Path, hardware: HardwareModel, spec_out: Path, *, budget: 
         problems = _verify(model, spec_out, tuned, reports, default, workdir) if verify and tuned else []
         if problems:
             raise SpecNotApplied("the tuning spec was not applied as written:\n  " + "\n  ".join(problems))
+        measured_model = None
+        if measure_top and tuned and verify:
+            calls = {d.entry: d.weight for d in dispatches}
+            measured_model = confirm_in_model(workdir / "default.vmfb", workdir / "tuned.vmfb", function, flags, calls)
+            if measured_model[1] >= measured_model[0]:
+                _withdraw(reports, searches, matchers, spec_out, measured_model)
+                tuned = {}
     predicted = sum(r.weight * (r.predicted_s or 0.0) for r in reports if r.tuned)
     return ModelTuneReport(model=str(model), hardware=hardware.name, dispatches=reports,
                            spec=str(spec_out) if matchers else None,
                            predicted_total_s=predicted, verified=verify and bool(tuned) and not problems,
+                           iree_default_measured_model_s=measured_model[0] if measured_model else None,
+                           measured_model_s=measured_model[1] if measured_model else None,
                            elapsed_s=time.perf_counter() - t0, searches=searches)
+
+
+def _withdraw(reports: list[DispatchReport], searches: list[DispatchSearch], matchers: dict, spec_out: Path,
+              measured: tuple[float, float]) -> None:
+    """The spec made the whole model no faster, measured: nothing ships (every tuned dispatch is
+    left to IREE, the spec is removed)."""
+    reason = (f"the whole model measured no faster with the spec: {measured[1] * 1e3:.3f} ms against IREE's default "
+              f"{measured[0] * 1e3:.3f} ms per run, all dispatches (a tuned dispatch can slow the ones that read its "
+              "output): IREE's own config is kept")
+    for report in reports:
+        if report.tuned:
+            report.tuned, report.config, report.reason = False, None, reason
+    searches.clear()
+    matchers.clear()
+    spec_out.unlink(missing_ok=True)
 
 
 class ModelBenchmark(BaseModel):

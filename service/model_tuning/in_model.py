@@ -1,0 +1,137 @@
+"""`--measure-top` for a whole model: each tuned root's K best plans timed inside the model.
+
+A dispatch compiled and timed on its own is not the dispatch inside the model (IREE configures
+it differently alone, and its inputs stay hot in cache), so the plans are timed where they run:
+- Round i builds the model once with a spec giving every measured root its i-th best plan. Each
+  dispatch's time comes from IREE's profiler (service.measure.dispatch_profile), so the roots do
+  not disturb each other's reading and K plans of every root cost K builds, not K per root.
+- A build IREE refuses is split in halves until the plan it refuses is alone (that plan's error).
+- A plan counts only if IREE's configuration dump shows its root compiled with it.
+- The builds and IREE's default build are profiled in alternating rounds, so load from other
+  processes hits them alike. A root's time is the wall time of its dispatches per model run
+  (calls x mean per call), summed over the dispatches its matcher applies to; the median over
+  rounds is what the guard compares.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from service.measure.dispatch_profile import DispatchTime, profile_dispatches
+from service.measure.tools import ToolFailure
+from service.measure.tuning_spec import ContractionMatcher, tuning_spec
+from service.measure.whole_model import canonical_attribute, compile_model, dispatch_configs
+
+
+@dataclass(frozen=True)
+class RootUnderTest:
+    """One matcher's worth: the dispatches a root config applies to, and its plans to time."""
+
+    dispatches: dict[str, int]  # dispatch function -> calls per model run
+    root_index: int  # the root's position among its dispatch's structured ops (as dumps list them)
+    matchers: Sequence[ContractionMatcher]  # one per plan, in predicted order; names unique per root
+
+
+@dataclass
+class RootTimes:
+    """Seconds per model run of a root's dispatches: IREE's default, and each plan's."""
+
+    default_s: list[float] = field(default_factory=list)
+    plans_s: list[list[float]] = field(default_factory=list)
+    per_call: list[list[DispatchTime]] = field(default_factory=list)  # per plan: its first dispatch, per round
+    default_per_call: list[DispatchTime] = field(default_factory=list)
+    errors: list[str | None] = field(default_factory=list)
+
+
+@dataclass
+class _Build:
+    vmfb: Path
+    members: list[tuple[int, int]]  # (root, plan) pairs it carries
+
+
+def _build(model: Path, roots: Sequence[RootUnderTest], members: list[tuple[int, int]], workdir: Path, tag: str,
+           errors: dict[tuple[int, int], str]) -> list[_Build]:
+    """Compile the model with a spec of `members`; halves on a refusal until the refused plan is alone."""
+    spec = workdir / f"{tag}.spec.mlir"
+    spec.write_text(tuning_spec([roots[r].matchers[p] for r, p in members]))
+    vmfb, configs = workdir / f"{tag}.vmfb", workdir / f"{tag}_configs"
+    try:
+        compile_model(model, vmfb, configs, spec=spec)
+    except ToolFailure as failure:
+        if len(members) == 1:
+            errors[members[0]] = f"IREE refused the config: {failure.line}"
+            return []
+        half = len(members) // 2
+        return (_build(model, roots, members[:half], workdir, f"{tag}a", errors)
+                + _build(model, roots, members[half:], workdir, f"{tag}b", errors))
+    dumped = dispatch_configs(configs)
+    applied = []
+    for r, p in members:
+        wanted = canonical_attribute(roots[r].matchers[p].lowering_config)
+        got = [dumped.get(name) for name in roots[r].dispatches]
+        if all(g is not None and roots[r].root_index < len(g.ops) and g.ops[roots[r].root_index][1] == wanted
+               for g in got):
+            applied.append((r, p))
+        else:
+            errors[(r, p)] = "IREE did not apply the config (its dump shows another)"
+    return [_Build(vmfb, applied)] if applied else []
+
+
+def _per_run(root: RootUnderTest, times: dict[str, DispatchTime]) -> float | None:
+    if any(name not in times for name in root.dispatches):
+        return None
+    return sum(calls * times[name].wall_s for name, calls in root.dispatches.items())
+
+
+def time_in_model(model: Path, roots: Sequence[RootUnderTest], default_vmfb: Path, function: str,
+                  input_flags: Sequence[str], workdir: Path, *, rounds: int = 3, iterations: int = 10) -> list[RootTimes]:
+    """Every root's plans and IREE's default, timed inside the model (see the module's doc)."""
+    out = [RootTimes(plans_s=[[] for _ in r.matchers], per_call=[[] for _ in r.matchers],
+                     errors=[None] * len(r.matchers)) for r in roots]
+    workdir.mkdir(parents=True, exist_ok=True)
+    errors: dict[tuple[int, int], str] = {}
+    builds: list[_Build] = []
+    for p in range(max((len(r.matchers) for r in roots), default=0)):
+        members = [(r, p) for r, root in enumerate(roots) if p < len(root.matchers)]
+        builds += _build(model, roots, members, workdir, f"plan{p}", errors)
+    for (r, p), error in errors.items():
+        out[r].errors[p] = error
+    if not builds:
+        return out
+    first = [next(iter(r.dispatches)) for r in roots]
+    for _ in range(rounds):
+        default = profile_dispatches(default_vmfb, function, input_flags, iterations=iterations)
+        for r, root in enumerate(roots):
+            seconds = _per_run(root, default)
+            if seconds is not None:
+                out[r].default_s.append(seconds)
+                out[r].default_per_call.append(default[first[r]])
+        for build in builds:
+            times = profile_dispatches(build.vmfb, function, input_flags, iterations=iterations)
+            for r, p in build.members:
+                seconds = _per_run(roots[r], times)
+                if seconds is not None:
+                    out[r].plans_s[p].append(seconds)
+                    out[r].per_call[p].append(times[first[r]])
+    return out
+
+
+def total_per_run(times: dict[str, DispatchTime], calls: dict[str, int]) -> float:
+    """Every dispatch's wall time in one model run (calls per run x mean per call)."""
+    return sum(calls.get(name, 1) * t.wall_s for name, t in times.items())
+
+
+def confirm_in_model(default_vmfb: Path, tuned_vmfb: Path, function: str, input_flags: Sequence[str],
+                     calls: dict[str, int], *, rounds: int = 3, iterations: int = 10) -> tuple[float, float]:
+    """IREE's default build and the build with the final spec, profiled in alternating rounds:
+    the median over rounds of all dispatches' time per model run, (default, tuned). A root's own
+    dispatches are not all a config changes: the dispatches that read its output run on the data
+    where it left it (which core's cache), so the spec is judged on the whole model too."""
+    default_s, tuned_s = [], []
+    for _ in range(rounds):
+        default_s.append(total_per_run(profile_dispatches(default_vmfb, function, input_flags, iterations=iterations), calls))
+        tuned_s.append(total_per_run(profile_dispatches(tuned_vmfb, function, input_flags, iterations=iterations), calls))
+    return statistics.median(default_s), statistics.median(tuned_s)

@@ -1,0 +1,97 @@
+"""Measuring inside the model (`--measure-top` of `model tune`): IREE's HAL profiler times each
+dispatch of the real model build, and the round builds carry one plan of every root at once."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from _shared import SHARED
+
+from service.hardware.profiles import get_profile
+from service.ir.analysis import analyze
+from service.ir.dispatch import dispatches_of
+from service.measure.dispatch_profile import profile_dispatches
+from service.measure.lowering import LoweringConfig, levels_from_lowering_config
+from service.measure.tuning_spec import contraction_matcher
+from service.measure.whole_model import compile_model, entry_function, executable_sources, input_program, model_arguments
+from service.measure.forcing import write_inputs
+from service.model_tuning import tune as tune_module
+from service.model_tuning import tune_model
+from service.model_tuning.in_model import RootUnderTest, time_in_model
+
+MLP = SHARED / "models" / "mlp_512_2048_b16.linalg.mlir"
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def mlp(tmp_path_factory):
+    """The MLP's two matmul dispatches, its default build and inputs."""
+    work = tmp_path_factory.mktemp("mlp")
+    dispatches = dispatches_of(executable_sources(MLP, work / "sources.mlir"))
+    compile_model(MLP, work / "default.vmfb", work / "default_configs")
+    program = input_program(MLP, work / "input.mlir")
+    function = entry_function(program)
+    return work, dispatches, function, write_inputs(model_arguments(program, function), work)
+
+
+def _root(dispatch):
+    graph = analyze(dispatch.module).graph
+    (root,) = [op for op in graph.ops.values() if op.kind == "contraction"]
+    return root, sum(1 for op in graph.ops.values() if op.uid < root.uid and op.name.startswith("linalg."))
+
+
+def _matcher(dispatch, name: str, distribution, vector, reduction):
+    config = LoweringConfig(distribution=distribution, vector_common_parallel=vector, vector_reduction=reduction)
+    return contraction_matcher(_root(dispatch)[0], levels_from_lowering_config(config), name)
+
+
+def test_the_profiler_times_every_dispatch_of_the_model_per_call(mlp):
+    work, dispatches, function, flags = mlp
+    times = profile_dispatches(work / "default.vmfb", function, flags, iterations=4)
+    for d in dispatches:  # IREE's dispatch names are the executable sources' names
+        assert times[d.entry].calls >= 4 * d.weight
+        assert 0 < times[d.entry].wall_s < 1 and times[d.entry].cpu_s > 0
+
+
+def test_each_round_build_carries_a_plan_of_every_root_and_a_refused_plan_is_found_alone(mlp, tmp_path):
+    work, (first, second), function, flags = mlp
+    refused = _matcher(first, "r0p0", [16, 512, 0], [16, 512, 0], [0, 0, 64])  # a 32 KiB vector: IREE refuses it
+    roots = [
+        RootUnderTest({first.entry: 1}, _root(first)[1], [refused, _matcher(first, "r0p1", [16, 64, 0], [8, 32, 0], [0, 0, 16])]),
+        RootUnderTest({second.entry: 1}, _root(second)[1], [_matcher(second, "r1p0", [16, 32, 0], [4, 16, 0], [0, 0, 8])]),
+    ]
+    a, b = time_in_model(MLP, roots, work / "default.vmfb", function, flags, tmp_path, rounds=2, iterations=3)
+    assert "IREE refused the config" in a.errors[0] and not a.plans_s[0]
+    # The refusal was split off: the second root's plan of the same round was built and timed.
+    assert b.errors == [None] and len(b.plans_s[0]) == 2
+    assert a.errors[1] is None and len(a.plans_s[1]) == 2
+    assert len(a.default_s) == len(b.default_s) == 2 and all(s > 0 for s in a.default_s + b.default_s)
+    assert {p.name for p in tmp_path.glob("plan0*.vmfb")} == {"plan0b.vmfb"}  # halves: the refused one built nothing
+
+
+def test_measure_top_decides_inside_the_model_and_confirms_on_the_whole_model(tmp_path):
+    report = tune_model(MLP, get_profile("host-cpu"), tmp_path / "spec.mlir", budget=64, measure_top=2)
+    for d in report.dispatches:
+        assert d.iree_default_measured_s > 0
+        if d.tuned:
+            assert d.reason.startswith("measured inside the model: ")
+            assert d.measured_s * 1.05 <= d.iree_default_measured_s
+        else:
+            assert d.reason.startswith(("IREE's default measured as fast inside the model",
+                                        "the whole model measured no faster"))
+    if any(d.tuned for d in report.dispatches):
+        assert report.measured_model_s < report.iree_default_measured_model_s and Path(report.spec).exists()
+
+
+def test_a_spec_that_makes_the_whole_model_slower_is_withdrawn(tmp_path, monkeypatch):
+    """Each root measured faster on its own dispatches, but the whole model did not: nothing ships."""
+    monkeypatch.setattr(tune_module, "measured_verdict", lambda tuned_s, default_s: None)
+    monkeypatch.setattr(tune_module, "confirm_in_model", lambda *args, **kwargs: (1e-3, 1.2e-3))
+    report = tune_model(MLP, get_profile("host-cpu"), tmp_path / "spec.mlir", budget=32, measure_top=1)
+    assert not any(d.tuned for d in report.dispatches) and report.spec is None and report.searches == []
+    assert not (tmp_path / "spec.mlir").exists()
+    assert all(d.reason.startswith("the whole model measured no faster with the spec: 1.200 ms") for d in report.dispatches)
+    assert report.measured_model_s == pytest.approx(1.2e-3)
