@@ -33,7 +33,10 @@ ANCHOR_KINDS = ("contraction", "convolution", "reduction")
 # 6: a contraction's batch dims get register tiles of 1 (inner_sizes).
 # 7: a contraction's register tile may have 6 rows, which need not divide the rows enclosing them.
 # 9: a contraction's vector level leaves no long dim untiled (_fit_vector_tile).
-SPACE_VERSION = "search-space/9"
+# 10: the innermost dim's tiles divide it or leave whole vectors (outer_sizes), and may be the
+#     largest divisor under a vector (inner_sizes); a 1x1 convolution's output channels keep
+#     register tiles of 1 (_single_row_dims).
+SPACE_VERSION = "search-space/10"
 _ELEMENT_BYTES = {"f64": 8, "i64": 8, "f32": 4, "i32": 4, "f16": 2, "bf16": 2, "i16": 2, "i8": 1, "i1": 1}
 
 
@@ -360,15 +363,24 @@ def _pow2_upto(limit: int, start: int = 1) -> list[int]:
     return out
 
 
-def outer_sizes(extent: int, min_size: int = 32, max_choices: int = 6, dynamic: bool = False) -> list[int]:
+def outer_sizes(extent: int, min_size: int = 32, max_choices: int = 6, dynamic: bool = False,
+                vector_elems: int | None = None) -> list[int]:
     """0 (untiled) + powers of two and divisors of the extent below it, largest kept first.
 
     A dynamic dim (`extent` is its hint) is never left untiled: its tiles then get a static
     upper bound (affine.min), which vectorization needs for static vector sizes (IREE runs an
-    untiled dynamic dim slower; docs/benchmarks.md). In its place, one tile of the whole hinted extent."""
+    untiled dynamic dim slower; docs/benchmarks.md). In its place, one tile of the whole hinted extent.
+
+    On the innermost (vector) dim (`vector_elems` given), a tile that does not divide the extent
+    must leave a remainder of whole vectors, as IREE's own distribution tiles do: a remainder
+    tile of part of a vector makes IREE's tiles dynamic and their vectors masked (MobileNet's
+    1x1 convolutions over 7x7 pixels, 49 wide: tiles of 12 or 48 ran 2.2-2.7x slower than 49,
+    timed inside the model; docs/benchmarks.md)."""
     min_size = min(min_size, max(1, extent // 4))  # small dims still get a few choices
     sizes = {s for s in _pow2_upto(extent, min_size)}
     sizes |= {d for d in range(min_size, extent) if extent % d == 0 and (extent // d) <= 64}
+    if vector_elems and not dynamic:
+        sizes = {s for s in sizes if extent % s == 0 or (s % vector_elems == 0 and extent % s % vector_elems == 0)}
     ordered = sorted(sizes)
     if len(ordered) > max_choices - 1:
         ordered = ordered[-(max_choices - 1):]
@@ -390,9 +402,11 @@ def inner_sizes(extent: int, vector_elems: int, innermost: bool, many_dims: bool
         return [1]
     if innermost:
         cands = [vector_elems * m for m in (1, 2)]
+        if extent % vector_elems:  # IREE's choice there: the largest divisor under a vector (7 of 49)
+            cands.append(max(d for d in range(1, min(vector_elems, extent)) if extent % d == 0))
     else:
         cands = [1, 4, 8] if many_dims else [4, 6, 8, 16] if rows else [4, 8, 16]
-    return [0, *[s for s in cands if s < extent]]
+    return [0, *sorted({s for s in cands if s < extent})]
 
 
 def reduction_sizes(extent: int) -> list[int]:
@@ -504,6 +518,23 @@ def grow_group(graph: OpGraph, anchor: int, claimed: dict[int, int], ranges: lis
     return fixed, optional, units, parent, outside_of, stops, notes
 
 
+def _single_row_dims(op: TileableOp) -> list[int]:
+    """A contraction's parallel dims that keep a register tile of 1, as in IREE's default: those
+    of the broadcast operand when the vector operand (the input the innermost parallel dim
+    indexes) has two parallel dims or more, e.g. a 1x1 convolution over NCHW,
+    out[co, h, w] = W[co, ci] x X[ci, h, w]. Timed inside MobileNet, 4 rows of co ran 1.6-2.6x
+    slower than 1 beside the same h x w tile, 4 x 4 x 16 up to 4.5x (docs/benchmarks.md)."""
+    if op.kind != "contraction" or not op.parallel_dims:
+        return []
+    vector_operand = next((dims for dims in op.operand_dims[:op.num_inputs] if op.parallel_dims[-1] in dims), None)
+    if vector_operand is None:
+        return []
+    own = [d for d in op.parallel_dims if d in vector_operand and d not in op.batch_dims]
+    if len(own) < 2:
+        return []
+    return [d for d in op.parallel_dims if d not in vector_operand and d not in op.batch_dims]
+
+
 def build_space(graph: OpGraph, hardware: HardwareModel, shape_hints: dict[str, list[int]] | None = None) -> SearchSpace:
     shapes = ShapeContext(hints=dict(shape_hints or {}))
     claimed: dict[int, int] = {}
@@ -524,7 +555,9 @@ def build_space(graph: OpGraph, hardware: HardwareModel, shape_hints: dict[str, 
         parallel, reduction = op.parallel_dims, op.reduction_dims
         vec = max(1, vector_bytes // element_bytes(op.element_type))
         innermost = parallel[-1] if parallel else None
-        rows = [d for d in parallel if op.kind == "contraction" and d != innermost and d not in op.batch_dims]
+        single = _single_row_dims(op)
+        rows = [d for d in parallel if op.kind == "contraction" and d != innermost and d not in op.batch_dims
+                and d not in single]
         spec = GroupSpec(
             index=len(groups),
             anchor=anchor,
@@ -537,9 +570,12 @@ def build_space(graph: OpGraph, hardware: HardwareModel, shape_hints: dict[str, 
             notes=gnotes,
             ranges=ranges,
             iterator_types=list(op.iterator_types),
-            outer_choices={d: outer_sizes(ranges[d], dynamic=op.loop_ranges[d] is None) for d in parallel if ranges[d] > 1},
+            outer_choices={d: outer_sizes(ranges[d], dynamic=op.loop_ranges[d] is None,
+                                          vector_elems=vec if d == innermost else None)
+                           for d in parallel if ranges[d] > 1},
             inner_choices={d: inner_sizes(ranges[d], vec, d == innermost, op.kind == "convolution",
-                                          batch=op.kind == "contraction" and d in op.batch_dims and d != innermost,
+                                          batch=op.kind == "contraction" and (d in op.batch_dims or d in single)
+                                          and d != innermost,
                                           rows=d in rows)
                            for d in parallel if ranges[d] > 1},
             peeled=tuple(rows),
