@@ -246,7 +246,7 @@ func.func @conv1x1(%x: tensor<16x56x56xf32>, %wt: tensor<96x16xf32>) -> tensor<9
 
 def test_a_1x1_convolutions_output_channels_keep_register_tiles_of_one(host):
     """Two pixel dims on the vector operand's side: IREE's default and the fastest timed inside
-    MobileNet keep one output channel per register tile (4 of them ran 1.6-2.6x slower)."""
+    MobileNet keep one output channel per register tile (4 of them ran 2.4-4.6x slower)."""
     (spec,) = build_space(analyze(CONV1X1_NCHW).graph, host, {}).groups
     assert spec.inner_choices[0] == [1]
     assert len(spec.inner_choices[1]) > 2 and 14 in spec.inner_choices[2]  # h: rows; w: 14 of 56

@@ -522,8 +522,9 @@ def _single_row_dims(op: TileableOp) -> list[int]:
     """A contraction's parallel dims that keep a register tile of 1, as in IREE's default: those
     of the broadcast operand when the vector operand (the input the innermost parallel dim
     indexes) has two parallel dims or more, e.g. a 1x1 convolution over NCHW,
-    out[co, h, w] = W[co, ci] x X[ci, h, w]. Timed inside MobileNet, 4 rows of co ran 1.6-2.6x
-    slower than 1 beside the same h x w tile, 4 x 4 x 16 up to 4.5x (docs/benchmarks.md)."""
+    out[co, h, w] = W[co, ci] x X[ci, h, w]. Timed inside MobileNet (docs/benchmarks.md): beside 4
+    rows of h, 4 rows of co ran 2.4-4.6x slower than 1, and the fastest tile of each of three such
+    convolutions had one."""
     if op.kind != "contraction" or not op.parallel_dims:
         return []
     vector_operand = next((dims for dims in op.operand_dims[:op.num_inputs] if op.parallel_dims[-1] in dims), None)
