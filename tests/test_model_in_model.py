@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from sqlalchemy import select
 
 from _shared import SHARED
 
@@ -20,6 +21,9 @@ from service.measure.forcing import write_inputs
 from service.model_tuning import tune as tune_module
 from service.model_tuning import tune_model
 from service.model_tuning.in_model import RootUnderTest, time_in_model
+from service.model_tuning.runs import store_model_run
+from service.store.db import session_scope
+from service.store.models import Measurement
 
 MLP = SHARED / "models" / "mlp_512_2048_b16.linalg.mlir"
 
@@ -95,3 +99,18 @@ def test_a_spec_that_makes_the_whole_model_slower_is_withdrawn(tmp_path, monkeyp
     assert not (tmp_path / "spec.mlir").exists()
     assert all(d.reason.startswith("the whole model measured no faster with the spec: 1.200 ms") for d in report.dispatches)
     assert report.measured_model_s == pytest.approx(1.2e-3)
+
+
+def test_timings_of_dispatches_left_to_iree_are_stored_for_learning(tmp_path, monkeypatch, sessions):
+    """A root IREE's default beat inside the model is where the cost model was wrong: its timings
+    are kept (with their module, no decision) beside the tuned dispatches' decisions."""
+    monkeypatch.setattr(tune_module, "measured_verdict", lambda tuned_s, default_s: "left by the test")
+    report = tune_model(MLP, get_profile("host-cpu"), tmp_path / "spec.mlir", budget=32, measure_top=1)
+    assert not any(d.tuned for d in report.dispatches) and report.measured_left
+    expected = sum(len(m.refinement.candidates) + 1 for m in report.measured_left)
+    store_model_run(sessions, MLP.read_bytes(), "mlp", get_profile("host-cpu"), report, {"measure_top": 1})
+    with session_scope(sessions) as session:
+        rows = session.scalars(select(Measurement).where(Measurement.source == "model")).all()
+        assert len(rows) == expected and all(r.decision_id is None and r.module_fingerprint for r in rows)
+        assert sum(r.is_default for r in rows) == len(report.measured_left)
+        assert all(r.cpu_s and r.cpu_s > 0 for r in rows if r.ok)

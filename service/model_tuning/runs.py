@@ -25,6 +25,7 @@ from service.store.db import session_scope
 from service.store.models import ModelRun
 from service.tiling.request import TilingRequest
 from service.tiling.service import StoredSearch, decision_parts, store_outcome
+from service.tiling.learning import record_refinement
 from service.tiling.worker import analyse_request, outcome_of, refinement_measurements
 
 from .tune import DispatchReport, DispatchSearch, ModelTuneReport
@@ -80,6 +81,10 @@ def store_model_run(sessions: sessionmaker[Session], model_text: str | bytes, na
             spec = f.read()
     links = {s.name: dispatch_decision(sessions, s, hardware, int(options.get("measure_top") or 0))
              for s in report.searches}
+    if report.measured_left:  # where the model was wrong is what online learning needs most
+        with session_scope(sessions) as session:
+            for m in report.measured_left:
+                record_refinement(session, m.module, m.refinement, hardware, source="model")
     with session_scope(sessions) as session:
         run = model_runs.save_model_run(
             session, fingerprint=model_fingerprint(model_text), name=name, hardware=hardware.name,

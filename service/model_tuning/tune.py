@@ -101,6 +101,14 @@ class DispatchSearch(BaseModel):
     complete: bool
 
 
+class MeasuredDispatch(BaseModel):
+    """A dispatch whose plans were timed inside the model, as the store keeps the timings."""
+
+    name: str
+    module: str
+    refinement: Refinement
+
+
 class ModelTuneReport(BaseModel):
     model: str
     hardware: str
@@ -114,6 +122,9 @@ class ModelTuneReport(BaseModel):
     elapsed_s: float
     searches: list[DispatchSearch] = Field(default_factory=list, exclude=True,
                                            description="the tuned dispatches' searches, for the store")
+    measured_left: list[MeasuredDispatch] = Field(
+        default_factory=list, exclude=True,
+        description="dispatches measured inside the model and left to IREE: their timings, for the store")
 
     def summary(self) -> dict:
         return {"dispatches": [d.model_dump(include={"name", "fingerprint", "weight", "root_op", "tuned", "reason",
@@ -448,7 +459,11 @@ def tune_model(model: Path, hardware: HardwareModel, spec_out: Path, *, budget: 
                            predicted_total_s=predicted, verified=verify and bool(tuned) and not problems,
                            iree_default_measured_model_s=measured_model[0] if measured_model else None,
                            measured_model_s=measured_model[1] if measured_model else None,
-                           elapsed_s=time.perf_counter() - t0, searches=searches)
+                           elapsed_s=time.perf_counter() - t0, searches=searches,
+                           measured_left=[MeasuredDispatch(name=c.dispatch.entry, module=c.dispatch.module or "",
+                                                           refinement=c.refinement)
+                                          for c in candidates if c.refinement is not None
+                                          and c.dispatch.entry not in {x.name for x in searches}])
 
 
 def _withdraw(reports: list[DispatchReport], searches: list[DispatchSearch], matchers: dict, spec_out: Path,
