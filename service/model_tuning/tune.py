@@ -449,7 +449,10 @@ def tune_model(model: Path, hardware: HardwareModel, spec_out: Path, *, budget: 
         measured_model = None
         if measure_top and tuned and verify:
             calls = {d.entry: d.weight for d in dispatches}
-            measured_model = confirm_in_model(workdir / "default.vmfb", workdir / "tuned.vmfb", function, flags, calls)
+            try:
+                measured_model = confirm_in_model(workdir / "default.vmfb", workdir / "tuned.vmfb", function, flags, calls)
+            except ToolFailure as failure:
+                raise ModelInputError(f"cannot run {model.name} with the spec to measure it: {failure.line}") from None
             if measured_model[1] >= measured_model[0]:
                 _withdraw(reports, searches, matchers, spec_out, measured_model)
                 tuned = {}
