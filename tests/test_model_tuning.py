@@ -9,7 +9,8 @@ from _shared import SHARED, tuning_every_dispatch
 
 from service.hardware.profiles import get_profile
 from service.measure.whole_model import compile_model, input_program, model_arguments, run_outputs, write_inputs
-from service.model_tuning import ModelInputError, tune, tune_model
+from service.measure.tools import ToolFailure
+from service.model_tuning import ModelInputError, SpecNotApplied, tune, tune_model
 
 MLP = SHARED / "models" / "mlp_512_2048_b16.linalg.mlir"
 
@@ -75,6 +76,39 @@ def test_input_iree_cannot_compile_is_a_clear_error(tmp_path):
     model.write_text("func.func @main(%x: tensor<4xf32>) -> tensor<4xf32> { return %y : tensor<4xf32> }")
     with pytest.raises(ModelInputError, match="IREE cannot compile broken.mlir: .*undeclared SSA value"):
         tune_model(model, get_profile("host-cpu"), tmp_path / "spec.mlir", budget=8)
+
+
+def test_a_model_iree_forms_no_dispatch_from_is_a_clear_error(tmp_path):
+    model = tmp_path / "empty.mlir"
+    model.write_text("func.func @main() { return }")
+    with pytest.raises(ModelInputError, match="IREE formed no dispatch from empty.mlir: nothing in it runs as a kernel"):
+        tune_model(model, get_profile("host-cpu"), tmp_path / "spec.mlir", budget=8)
+
+
+def test_a_spec_iree_cannot_compile_the_model_with_is_not_written_out(tmp_path, monkeypatch):
+    """A config IREE's CPU backend refuses (a new user tuned an MLP for a GPU profile: "large
+    vector sizes") fails the proof build: an error saying so, and no spec left behind. The
+    refusal is IREE's own, raised where the proof build compiles with the spec."""
+    real = tune.compile_model
+
+    def refusing(model, vmfb, configs, spec=None, **kw):
+        if spec is not None:
+            raise ToolFailure("error: One or more operations with large vector sizes (32768 bytes) were found")
+        return real(model, vmfb, configs, spec=spec, **kw)
+
+    monkeypatch.setattr(tune, "compile_model", refusing)
+    with tuning_every_dispatch(), pytest.raises(SpecNotApplied, match="IREE cannot compile the model with it: error: One"):
+        tune_model(MLP, get_profile("host-cpu"), tmp_path / "spec.mlir", budget=32)
+    assert not (tmp_path / "spec.mlir").exists()
+
+
+def test_a_spec_out_in_a_missing_directory_fails_before_tuning(tmp_path):
+    from typer.testing import CliRunner
+
+    from service.cli import app
+
+    result = CliRunner().invoke(app, ["model", "tune", str(MLP), "--no-store", "--spec-out", str(tmp_path / "no" / "s.mlir")])
+    assert result.exit_code == 2 and "directory" in result.output and "does not exist" in result.output
 
 
 TWO_SAME_ROOTS = """

@@ -40,6 +40,9 @@ def model_tune_cmd(
         hw = get_profile(hardware)
     except UnknownHardwareError as exc:
         raise _ir_failure(exc) from None
+    if not spec_out.parent.is_dir():  # before minutes of tuning, not after
+        typer.echo(f"error: --spec-out {spec_out}: directory {spec_out.parent} does not exist", err=True)
+        raise typer.Exit(2)
     sessions = _store_sessions() if store else None  # before the search: a store that is not ready costs nothing
     columns = (TextColumn("tuning {task.fields[dispatch]}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, transient=True, disable=as_json or not sys.stderr.isatty()) as bar:

@@ -30,7 +30,7 @@ from pydantic import BaseModel, Field
 from service.hardware.model import HardwareModel
 from service.ir.analysis import analyze
 from service.ir.dispatch import Dispatch, dispatches_of
-from service.ir.errors import IRError
+from service.ir.errors import IRError, NotAModelError
 from service.ir.graph import OpGraph, TileableOp
 from service.ir.plan import Plan
 from service.measure.dispatch_profile import DispatchTime
@@ -384,7 +384,11 @@ def tune_model(model: Path, hardware: HardwareModel, spec_out: Path, *, budget: 
             sources = executable_sources(model, workdir / "sources.mlir")
         except ToolFailure as failure:
             raise ModelInputError(f"IREE cannot compile {model.name}: {failure.line}") from None
-        dispatches = dispatches_of(sources)
+        try:
+            dispatches = dispatches_of(sources)
+        except NotAModelError:
+            raise ModelInputError(f"IREE formed no dispatch from {model.name}: nothing in it runs as a kernel "
+                                  "(is it empty, or do its results not depend on its inputs?)") from None
         classified = [_classify(d) for d in dispatches]
         candidates = [c for c, _ in classified if c is not None]
         reports = [r for _, r in classified]
@@ -443,9 +447,14 @@ def tune_model(model: Path, hardware: HardwareModel, spec_out: Path, *, budget: 
             searches.append(_search_record(c, measure_top))
         if matchers:
             spec_out.write_text(tuning_spec(list(matchers.values())))
-        problems = _verify(model, spec_out, tuned, reports, default, workdir) if verify and tuned else []
+        try:
+            problems = _verify(model, spec_out, tuned, reports, default, workdir) if verify and tuned else []
+        except ToolFailure as failure:
+            problems = [f"IREE cannot compile the model with it: {failure.line}"]
         if problems:
-            raise SpecNotApplied("the tuning spec was not applied as written:\n  " + "\n  ".join(problems))
+            spec_out.unlink(missing_ok=True)
+            raise SpecNotApplied("the tuning spec was not applied as written (not written out):\n  "
+                                 + "\n  ".join(problems))
         measured_model = None
         if measure_top and tuned and verify:
             calls = {d.entry: d.weight for d in dispatches}
