@@ -9,6 +9,7 @@ from _shared import SHARED, tuning_every_dispatch
 
 from service.hardware.profiles import get_profile
 from service.measure.whole_model import compile_model, input_program, model_arguments, run_outputs, write_inputs
+from service.ir.dispatch import Dispatch
 from service.measure.tools import ToolFailure
 from service.model_tuning import ModelInputError, SpecNotApplied, tune, tune_model
 
@@ -139,8 +140,8 @@ func.func @main(%a: tensor<64x256xf32>, %b: tensor<256x128xf32>, %c: tensor<256x
 def test_dispatches_one_matcher_cannot_tell_apart_are_decided_together(tmp_path, monkeypatch, left):
     """Two dispatches whose roots are the same matmul (different fused consumers): the spec's
     matcher matches both, so the guard leaving only one of them to IREE used to ship a spec IREE
-    applied to both (the proof then failed: gpt2's 12x64x64x64 batch matmuls). The heavier one
-    decides for both, whichever the guard would leave."""
+    applied to both (the proof then failed: gpt2's 12x64x64x64 batch matmuls). One decides for
+    both, whichever the guard would leave."""
     judge = tune._judge
 
     def leave_one(c, hardware):
@@ -156,6 +157,33 @@ def test_dispatches_one_matcher_cannot_tell_apart_are_decided_together(tmp_path,
     matmuls = [d for d in report.dispatches if "matmul" in d.name]
     assert len(matmuls) == 2
     assert matmuls[0].tuned == matmuls[1].tuned and matmuls[0].config == matmuls[1].config
-    assert any("same root as a heavier dispatch" in (d.reason or "") for d in matmuls)
+    assert any("which decides for both" in (d.reason or "") for d in matmuls)
     if matmuls[0].tuned:
         assert report.verified and Path(report.spec).read_text().count("transform.iree.match.contraction") == 1
+
+
+def test_by_prediction_the_dispatch_gaining_most_decides_for_its_root_on_the_groups_sum():
+    """A new user's LLM decode step: two dispatches with the same f16 matmul root; one's search
+    found a plan 35% faster than IREE's default, the other's a tie. The tie used to decide for
+    both (it was the heavier) and left both to IREE."""
+    def candidate(name, weight, latency_s, default_s):
+        c = tune._Candidate.__new__(tune._Candidate)
+        c.dispatch, c.latency_s, c.default_s, c.refinement, c.left = Dispatch(name, name, weight, None), latency_s, default_s, None, None
+        return c
+
+    tie = candidate("d0", 1, 1.690e-3, 1.694e-3)
+    gain = candidate("d1", 1, 1.090e-3, 1.688e-3)
+    lone = candidate("d2", 3, 2e-3, 1e-3)
+    tie.left = "IREE's default predicted as fast"
+    keys = {"d0": ("root",), "d1": ("root",), "d2": ("other",)}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(tune, "_root_key", lambda c: keys[c.dispatch.entry])
+        ordered = tune._leads_first([lone, tie, gain])
+    assert [c.dispatch.entry for c in ordered] == ["d2", "d1", "d0"]
+    assert gain.left is None  # 2 x 1.090 ms against 1.694 + 1.688 ms: ships, for both
+    assert lone.left is None  # alone in its group: its own verdict (set by _judge) stands
+    slow = candidate("d3", 1, 1.6e-3, 1.65e-3)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(tune, "_root_key", lambda c: ("root",))
+        tune._leads_first([candidate("d4", 1, 1.7e-3, 1.69e-3), slow])
+    assert slow.left.startswith("IREE's default predicted as fast") and "summed over the 2 dispatches" in slow.left

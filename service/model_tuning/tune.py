@@ -357,6 +357,28 @@ def _measure_in_model(model: Path, ranked: list[_Candidate], k: int, translation
                          f"({lead.default_measured_s / lead.measured_s:.2f}x)")
 
 
+def _leads_first(ranked: list[_Candidate]) -> list[_Candidate]:
+    """`ranked` (heaviest first) with the dispatch that decides for its root first among those
+    sharing the root (one matcher matches them all). Measured, the heaviest decides (its
+    measurement covered all of them). By prediction, the one whose plan gains most over IREE's
+    default, weighted by its calls (the same root: its plan is as good for the others), and the
+    guard weighs the group's summed prediction, not the lead's alone."""
+    groups: dict[object, list[_Candidate]] = {}
+    for c in ranked:
+        groups.setdefault(_root_key(c) or id(c), []).append(c)
+    out: list[_Candidate] = []
+    for members in groups.values():
+        predicted = [m for m in members if m.latency_s is not None and m.default_s is not None]
+        if len(members) > 1 and len(predicted) == len(members) and all(m.refinement is None for m in members):
+            best = max(members, key=lambda m: m.dispatch.weight * (m.default_s - m.latency_s))
+            members = [best, *(m for m in members if m is not best)]
+            verdict = predicted_verdict(sum(m.dispatch.weight for m in members) * best.latency_s,
+                                        sum(m.dispatch.weight * m.default_s for m in members))
+            best.left = verdict and f"{verdict}; summed over the {len(members)} dispatches of this root, per model run"
+        out += members
+    return out
+
+
 def _search_record(c: _Candidate, measure_top: int) -> DispatchSearch:
     assert c.result is not None and c.plan is not None
     result = c.result.model_copy(update={
@@ -406,12 +428,13 @@ def tune_model(model: Path, hardware: HardwareModel, spec_out: Path, *, budget: 
                 raise ModelInputError(f"cannot run {model.name} to measure it: {failure.line}") from None
         for c in candidates:
             _judge(c, hardware)
+        lead: dict[tuple, str] = {}  # by root: the dispatch that decides for it
         matchers: dict[tuple, ContractionMatcher] = {}
         decided: dict[tuple | None, ContractionMatcher | str] = {}  # by root: its matcher, or why left
         tuned: dict[str, tuple[_Candidate, str]] = {}
         searches: list[DispatchSearch] = []
         by_name = {r.name: r for r in reports}
-        for c in ranked:
+        for c in _leads_first(ranked):
             report = by_name[c.dispatch.entry]
             report.evaluations, report.predicted_s = c.evaluations, c.latency_s
             report.iree_default_predicted_s = c.default_s
@@ -420,12 +443,14 @@ def tune_model(model: Path, hardware: HardwareModel, spec_out: Path, *, budget: 
             index = _structured_index(c)
             if before is not None and index < len(before.ops):
                 report.iree_default = before.ops[index][1]
-            # A matcher cannot tell two dispatches with the same root apart: the heaviest decides
-            # for all of them, tuned or left to IREE.
+            # A matcher cannot tell two dispatches with the same root apart: one decides for all
+            # of them, tuned or left to IREE (_leads_first).
             key = _root_key(c)
             heavier = decided.get(key) if key is not None else None
+            if key is not None:
+                lead.setdefault(key, c.dispatch.entry)
             if isinstance(heavier, str):
-                report.reason = f"same root as a heavier dispatch left to IREE ({heavier})"
+                report.reason = f"same root as {lead[key]}, which decides for both: left to IREE ({heavier})"
                 continue
             if heavier is None and c.left is not None:
                 report.reason = c.left
@@ -437,7 +462,7 @@ def tune_model(model: Path, hardware: HardwareModel, spec_out: Path, *, budget: 
                 decided[key] = report.reason
                 continue
             if heavier is not None:
-                report.reason = f"same root as a heavier dispatch: gets its config ({matcher.name})"
+                report.reason = f"same root as {lead[key]}, which decides for both: gets its config"
             else:
                 matchers[matcher.matched] = decided[key] = matcher
             report.tuned, report.config = True, matcher.compilation_info
