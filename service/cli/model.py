@@ -79,6 +79,8 @@ def model_tune_cmd(
     if report.spec:
         typer.echo(f"wrote {report.spec} (IREE applied it to every tuned dispatch: {report.verified}); "
                    f"predicted {report.predicted_total_s * 1e3:.3f} ms for the tuned dispatches")
+    elif any(d.predicted_s is not None for d in report.dispatches):
+        typer.echo("no tuned config beat IREE's default (the reasons above): no spec written, IREE's own configs stand")
     else:
         typer.echo("nothing to tune: no spec written")
     if report.measured_model_s is not None and report.iree_default_measured_model_s is not None:
