@@ -218,6 +218,10 @@ def test_the_innermost_dims_tiles_divide_it_or_leave_whole_vectors(host):
     (wide,) = build_space(analyze(PIXELS_INNERMOST.replace("x49x", "x3136x").replace("x49", "x3136")).graph,
                           host, {}).groups
     assert 2048 in wide.outer_choices[1] and all(3136 % s % vec == 0 for s in wide.outer_choices[1] if s)
+    # A long prime dim (ViT's 197 keys) has no such tile and keeps its tiles (untiled, no vector tile forms).
+    (prime,) = build_space(analyze(PIXELS_INNERMOST.replace("x49x", "x197x").replace("x49", "x197")).graph,
+                           host, {}).groups
+    assert 64 in prime.outer_choices[1]
     r = tune(PIXELS_INNERMOST, host, budget=48, strategy="random", seed=0, workers=0)
     widths = {t.plan["groups"][0]["levels"][0]["tile_sizes"][1] for t in r.trials
               if t.source == "random" and t.plan and t.plan["groups"]}
