@@ -1,0 +1,92 @@
+"""The tile sizes the search space offers each dim of an anchor, level by level (space.py's
+knob values): distribution (outer), register (inner) and reduction tiles, and the contraction
+dims whose register tile stays 1."""
+
+from __future__ import annotations
+
+from service.ir.graph import TileableOp
+
+
+def _pow2_upto(limit: int, start: int = 1) -> list[int]:
+    out, s = [], start
+    while s < limit:
+        out.append(s)
+        s *= 2
+    return out
+
+
+def outer_sizes(extent: int, min_size: int = 32, max_choices: int = 6, dynamic: bool = False,
+                vector_elems: int | None = None) -> list[int]:
+    """0 (untiled) + powers of two and divisors of the extent below it, largest kept first.
+
+    A dynamic dim (`extent` is its hint) is never left untiled: its tiles then get a static
+    upper bound (affine.min), which vectorization needs for static vector sizes (IREE runs an
+    untiled dynamic dim slower; docs/benchmarks.md). In its place, one tile of the whole hinted extent.
+
+    On the innermost (vector) dim (`vector_elems` given), a tile that does not divide the extent
+    must leave a remainder of whole vectors, as IREE's own distribution tiles do: a remainder
+    tile of part of a vector makes IREE's tiles dynamic and their vectors masked (MobileNet's
+    1x1 convolutions over 7x7 pixels, 49 wide: tiles of 12 or 48 ran 2.2-2.7x slower than 49,
+    timed inside the model; docs/benchmarks.md). Not for a long dim with no such tile: ViT's
+    Q·Kᵀ over 197 keys, tiled by 64, measured 8x faster than IREE's default."""
+    min_size = min(min_size, max(1, extent // 4))  # small dims still get a few choices
+    sizes = {s for s in _pow2_upto(extent, min_size)}
+    sizes |= {d for d in range(min_size, extent) if extent % d == 0 and (extent // d) <= 64}
+    if vector_elems and not dynamic:
+        whole = {s for s in sizes if extent % s == 0 or (s % vector_elems == 0 and extent % s % vector_elems == 0)}
+        # A dim of a few vectors is tiled whole (IREE: 49); a longer one with no such tile (a
+        # prime, ViT's 197 tokens) keeps its tiles: untiled, its vector tile could not be formed.
+        sizes = whole if whole or extent <= 4 * vector_elems else sizes
+    ordered = sorted(sizes)
+    if len(ordered) > max_choices - 1:
+        ordered = ordered[-(max_choices - 1):]
+    if dynamic:
+        return [*ordered, extent]
+    return [0, *ordered] if ordered else [0]
+
+
+def inner_sizes(extent: int, vector_elems: int, innermost: bool, many_dims: bool = False, batch: bool = False,
+                rows: bool = False) -> list[int]:
+    """Register-level tiles: multiples of the vector width on the innermost dim, small elsewhere
+    (and 1 when the anchor has many parallel dims, e.g. convolutions, to fit a vector tile).
+    A contraction's batch dim gets 1, as in IREE's default: a register tile spanning several
+    batches multiplies the accumulators and shares no load between them.
+    A contraction's rows (`rows`) may also be 6: 6 rows of 2 vectors are 12 accumulators, the
+    FMA pipeline's depth, in 15 of 16 AVX2 registers with B's row and A's broadcast (BLIS's AVX2
+    kernel); 8 spill and 4 leave the FMA units idle."""
+    if batch:
+        return [1]
+    if innermost:
+        cands = [vector_elems * m for m in (1, 2)]
+        if extent % vector_elems:  # IREE's choice there: the largest divisor under a vector (7 of 49)
+            cands.append(max(d for d in range(1, min(vector_elems, extent)) if extent % d == 0))
+    else:
+        cands = [1, 4, 8] if many_dims else [4, 6, 8, 16] if rows else [4, 8, 16]
+    return [0, *sorted({s for s in cands if s < extent})]
+
+
+def reduction_sizes(extent: int) -> list[int]:
+    """Reduction tiles of the vector level: 1 (A broadcast straight from memory, which suits
+    wide register tiles) up to 128."""
+    return [0, *[s for s in _pow2_upto(extent, 1) if s <= 128]]
+
+
+# --------------------------------------------------------------------------- building the space
+
+
+def single_row_dims(op: TileableOp) -> list[int]:
+    """A contraction's parallel dims that keep a register tile of 1, as in IREE's default: those
+    of the broadcast operand when the vector operand (the input the innermost parallel dim
+    indexes) has two parallel dims or more, e.g. a 1x1 convolution over NCHW,
+    out[co, h, w] = W[co, ci] x X[ci, h, w]. Timed inside MobileNet (docs/benchmarks.md): beside 4
+    rows of h, 4 rows of co ran 2.4-4.6x slower than 1, and the fastest tile of each of three such
+    convolutions had one."""
+    if op.kind != "contraction" or not op.parallel_dims:
+        return []
+    vector_operand = next((dims for dims in op.operand_dims[:op.num_inputs] if op.parallel_dims[-1] in dims), None)
+    if vector_operand is None:
+        return []
+    own = [d for d in op.parallel_dims if d in vector_operand and d not in op.batch_dims]
+    if len(own) < 2:
+        return []
+    return [d for d in op.parallel_dims if d not in vector_operand and d not in op.batch_dims]
