@@ -7,6 +7,14 @@ from __future__ import annotations
 from service.ir.graph import TileableOp
 
 
+# A distribution tile of whole vectors that does not divide the innermost dim is offered when
+# the dim holds this many of it (its remainder tile then adds at most 1/8 to the work).
+NARROW_SHARE = 8
+# The innermost dim gets a register width under a vector (a divisor) when it is this many
+# vectors long or shorter.
+SHORT_VECTORS = 16
+
+
 def _pow2_upto(limit: int, start: int = 1) -> list[int]:
     out, s = [], start
     while s < limit:
@@ -24,22 +32,25 @@ def outer_sizes(extent: int, min_size: int = 32, max_choices: int = 6, dynamic: 
     untiled dynamic dim slower; docs/benchmarks.md). In its place, one tile of the whole hinted extent.
 
     On the innermost (vector) dim (`vector_elems` given), a tile that does not divide the extent
-    must leave a remainder of whole vectors, as IREE's own distribution tiles do: a remainder
-    tile of part of a vector makes IREE's tiles dynamic and their vectors masked (MobileNet's
-    1x1 convolutions over 7x7 pixels, 49 wide: tiles of 12 or 48 ran 2.2-2.7x slower than 49,
-    timed inside the model; docs/benchmarks.md). Not for a long dim with no such tile: ViT's
-    Q·Kᵀ over 197 keys, tiled by 64, measured 8x faster than IREE's default."""
+    leaves a remainder tile, which costs about a whole tile whatever its width (IREE masks it, or
+    every tile once they are dynamic). So such a tile must leave a remainder of whole vectors, or
+    be whole vectors and one of NARROW_SHARE tiles or more: MobileNet's 1x1 convolutions over 49
+    pixels tiled by 12 or 48 ran 2.2-2.7x slower than 49 whole; an MLP's 3000 columns tiled by
+    64 ran 1.25x faster than IREE's default, by 600 with 15-lane vectors 0.78x (timed inside the
+    models; docs/benchmarks.md). A long dim with no such tile keeps its tiles (ViT's Q·Kᵀ over
+    197 keys, tiled by 64, measured 8x faster than IREE's default)."""
     min_size = min(min_size, max(1, extent // 4))  # small dims still get a few choices
     sizes = {s for s in _pow2_upto(extent, min_size)}
     sizes |= {d for d in range(min_size, extent) if extent % d == 0 and (extent // d) <= 64}
     if vector_elems and not dynamic:
-        whole = {s for s in sizes if extent % s == 0 or (s % vector_elems == 0 and extent % s % vector_elems == 0)}
+        whole = {s for s in sizes if extent % s == 0 or (s % vector_elems == 0 and (
+            extent % s % vector_elems == 0 or extent // s >= NARROW_SHARE))}
         # A dim of a few vectors is tiled whole (IREE: 49); a longer one with no such tile (a
         # prime, ViT's 197 tokens) keeps its tiles: untiled, its vector tile could not be formed.
         sizes = whole if whole or extent <= 4 * vector_elems else sizes
-    ordered = sorted(sizes)
-    if len(ordered) > max_choices - 1:
-        ordered = ordered[-(max_choices - 1):]
+    # The largest are kept; on the innermost dim, tiles of whole vectors first.
+    keep = sorted(sizes, key=lambda s: (bool(vector_elems) and s % vector_elems != 0, -s))[:max_choices - 1]
+    ordered = sorted(keep)
     if dynamic:
         return [*ordered, extent]
     return [0, *ordered] if ordered else [0]
@@ -58,8 +69,13 @@ def inner_sizes(extent: int, vector_elems: int, innermost: bool, many_dims: bool
         return [1]
     if innermost:
         cands = [vector_elems * m for m in (1, 2)]
-        if extent % vector_elems:  # IREE's choice there: the largest divisor under a vector (7 of 49)
-            cands.append(max(d for d in range(1, min(vector_elems, extent)) if extent % d == 0))
+        if extent % vector_elems and extent <= SHORT_VECTORS * vector_elems:
+            # A short dim's remainder is a large share: IREE's choice there is the largest divisor
+            # under a vector (7 of 49; 14 of 196 ran 1.6-2.4x faster than IREE's default inside
+            # MobileNet). On a long dim whole vectors win (15 of 3000 ran 0.78x, 9 of 513 0.6-0.9x).
+            divisor = max(d for d in range(1, min(vector_elems, extent)) if extent % d == 0)
+            if divisor > 1:
+                cands.append(divisor)
     else:
         cands = [1, 4, 8] if many_dims else [4, 6, 8, 16] if rows else [4, 8, 16]
     return [0, *sorted({s for s in cands if s < extent})]
