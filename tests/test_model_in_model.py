@@ -20,7 +20,7 @@ from service.measure.whole_model import compile_model, entry_function, executabl
 from service.measure.forcing import write_inputs
 from service.model_tuning import tune as tune_module
 from service.model_tuning import tune_model
-from service.model_tuning.in_model import RootUnderTest, time_in_model
+from service.model_tuning.in_model import InModelTimes, RootTimes, RootUnderTest, time_in_model, whole_build_choice
 from service.model_tuning.runs import store_model_run
 from service.store.db import session_scope
 from service.store.models import Measurement
@@ -67,13 +67,37 @@ def test_each_round_build_carries_a_plan_of_every_root_and_a_refused_plan_is_fou
         RootUnderTest({first.entry: 1}, _root(first)[1], [refused, _matcher(first, "r0p1", [16, 64, 0], [8, 32, 0], [0, 0, 16])]),
         RootUnderTest({second.entry: 1}, _root(second)[1], [_matcher(second, "r1p0", [16, 32, 0], [4, 16, 0], [0, 0, 8])]),
     ]
-    a, b = time_in_model(MLP, roots, work / "default.vmfb", function, flags, tmp_path, rounds=2, iterations=3)
+    whole = time_in_model(MLP, roots, work / "default.vmfb", function, flags, tmp_path,
+                          {d.entry: d.weight for d in (first, second)}, rounds=2, iterations=3)
+    a, b = whole.roots
     assert "IREE refused the config" in a.errors[0] and not a.plans_s[0]
     # The refusal was split off: the second root's plan of the same round was built and timed.
     assert b.errors == [None] and len(b.plans_s[0]) == 2
     assert a.errors[1] is None and len(a.plans_s[1]) == 2
     assert len(a.default_s) == len(b.default_s) == 2 and all(s > 0 for s in a.default_s + b.default_s)
     assert {p.name for p in tmp_path.glob("plan0*.vmfb")} == {"plan0b.vmfb"}  # halves: the refused one built nothing
+    # Each build is also timed whole (both dispatches per run), beside the default build.
+    assert [members for members, _ in whole.builds] == [[(1, 0)], [(0, 1)]]
+    assert len(whole.default_s) == 2 and all(len(t) == 2 and min(t) > 0 for _, t in whole.builds)
+
+
+def _times(default_whole, roots, builds):
+    """InModelTimes from medians: roots as (default, [plan...]), builds as (members, whole)."""
+    return InModelTimes(roots=[RootTimes(default_s=[d], plans_s=[[x] for x in plans]) for d, plans in roots],
+                        builds=[(members, [whole]) for members, whole in builds], default_s=[default_whole])
+
+
+def test_a_whole_build_ships_when_it_beats_the_per_root_picks_measured_whole():
+    """Two roots of 1.0 ms each in a 3.0 ms model. Per root, only the second gains (0.5 ms): the
+    picks are estimated at 2.5 ms. Round 0 (both roots' first plans) measured 2.0 ms whole: the
+    first root's tiling sped up what reads its output, which its own dispatch does not show."""
+    times = _times(3e-3, [(1e-3, [1.0e-3, 1.1e-3]), (1e-3, [0.5e-3, 0.9e-3])],
+                   [([(0, 0), (1, 0)], 2.0e-3), ([(0, 1), (1, 1)], 2.9e-3)])
+    assert whole_build_choice(times, {1: 0}) == ([(0, 0), (1, 0)], 2.0e-3)
+    # Within the margin of the estimate, or no faster: the per-root picks stand.
+    near = _times(3e-3, [(1e-3, [1.0e-3]), (1e-3, [0.5e-3])], [([(0, 0), (1, 0)], 2.45e-3)])
+    assert whole_build_choice(near, {1: 0}) is None
+    assert whole_build_choice(_times(3e-3, [], []), {}) is None
 
 
 def test_measure_top_decides_inside_the_model_and_confirms_on_the_whole_model(tmp_path):

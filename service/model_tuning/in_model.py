@@ -25,6 +25,8 @@ from service.measure.tools import ToolFailure
 from service.measure.tuning_spec import ContractionMatcher, tuning_spec
 from service.measure.whole_model import canonical_attribute, compile_model, dispatch_configs
 
+from .guard import MEASURED_MARGIN
+
 
 @dataclass(frozen=True)
 class RootUnderTest:
@@ -44,6 +46,15 @@ class RootTimes:
     per_call: list[list[DispatchTime]] = field(default_factory=list)  # per plan: its first dispatch, per round
     default_per_call: list[DispatchTime] = field(default_factory=list)
     errors: list[str | None] = field(default_factory=list)
+
+
+@dataclass
+class InModelTimes:
+    """What the round builds measured: per root, and per build the whole model."""
+
+    roots: list[RootTimes]
+    builds: list[tuple[list[tuple[int, int]], list[float]]]  # (its (root, plan)s, all dispatches per run, per round)
+    default_s: list[float]  # all dispatches per run, IREE's default build, per round
 
 
 @dataclass
@@ -87,8 +98,10 @@ def _per_run(root: RootUnderTest, times: dict[str, DispatchTime]) -> float | Non
 
 
 def time_in_model(model: Path, roots: Sequence[RootUnderTest], default_vmfb: Path, function: str,
-                  input_flags: Sequence[str], workdir: Path, *, rounds: int = 3, iterations: int = 10) -> list[RootTimes]:
-    """Every root's plans and IREE's default, timed inside the model (see the module's doc)."""
+                  input_flags: Sequence[str], workdir: Path, calls: dict[str, int], *, rounds: int = 3,
+                  iterations: int = 10) -> InModelTimes:
+    """Every root's plans and IREE's default, timed inside the model (see the module's doc);
+    `calls`: every dispatch's calls per model run, for the whole-model times."""
     out = [RootTimes(plans_s=[[] for _ in r.matchers], per_call=[[] for _ in r.matchers],
                      errors=[None] * len(r.matchers)) for r in roots]
     workdir.mkdir(parents=True, exist_ok=True)
@@ -99,24 +112,44 @@ def time_in_model(model: Path, roots: Sequence[RootUnderTest], default_vmfb: Pat
         builds += _build(model, roots, members, workdir, f"plan{p}", errors)
     for (r, p), error in errors.items():
         out[r].errors[p] = error
-    if not builds:
-        return out
+    whole = InModelTimes(out, [(b.members, []) for b in builds], [])
     first = [next(iter(r.dispatches)) for r in roots]
-    for _ in range(rounds):
+    for _ in range(rounds if builds else 0):
         default = profile_dispatches(default_vmfb, function, input_flags, iterations=iterations)
+        whole.default_s.append(total_per_run(default, calls))
         for r, root in enumerate(roots):
             seconds = _per_run(root, default)
             if seconds is not None:
                 out[r].default_s.append(seconds)
                 out[r].default_per_call.append(default[first[r]])
-        for build in builds:
+        for build, (_, totals) in zip(builds, whole.builds):
             times = profile_dispatches(build.vmfb, function, input_flags, iterations=iterations)
+            totals.append(total_per_run(times, calls))
             for r, p in build.members:
                 seconds = _per_run(roots[r], times)
                 if seconds is not None:
                     out[r].plans_s[p].append(seconds)
                     out[r].per_call[p].append(times[first[r]])
-    return out
+    return whole
+
+
+def whole_build_choice(times: InModelTimes, picks: dict[int, int]) -> tuple[list[tuple[int, int]], float] | None:
+    """A round build to ship instead of the per-root picks (`picks`: root -> plan), with its
+    whole-model seconds per run, or None. The picks' whole-model time is estimated from their own
+    dispatches' gains, as if they added up; a round build's was measured whole, with what each
+    root's tiling does to the dispatches reading its output (a ResNet block's first 1x1
+    convolution measured no faster on its own dispatch, and with both tuned the block ran 2.4x
+    faster). A build must beat the estimate by the guard's MEASURED_MARGIN."""
+    if not times.default_s:
+        return None
+    estimate = statistics.median(times.default_s) - sum(
+        statistics.median(times.roots[r].default_s) - statistics.median(times.roots[r].plans_s[p])
+        for r, p in picks.items() if times.roots[r].default_s and times.roots[r].plans_s[p])
+    timed = [(statistics.median(totals), members) for members, totals in times.builds if totals]
+    if not timed:
+        return None
+    seconds, members = min(timed, key=lambda t: t[0])
+    return (members, seconds) if seconds * (1 + MEASURED_MARGIN) < estimate else None
 
 
 def total_per_run(times: dict[str, DispatchTime], calls: dict[str, int]) -> float:

@@ -55,7 +55,7 @@ from service.search.results import TuneResult
 from service.search.task_scheduler import TaskState, schedule
 
 from .guard import iree_default_plan, measured_verdict, predicted_default_s, predicted_verdict
-from .in_model import RootUnderTest, confirm_in_model, time_in_model
+from .in_model import RootUnderTest, confirm_in_model, time_in_model, whole_build_choice
 
 ProgressFn = Callable[[str, int, int], None]  # (dispatch name, slices done, slices in all)
 _SLICE = 32  # evaluations per scheduler slice
@@ -315,10 +315,11 @@ def _model_inputs(model: Path, workdir: Path) -> tuple[str, list[str]]:
 
 
 def _measure_in_model(model: Path, ranked: list[_Candidate], k: int, translation: str | None, function: str,
-                      flags: list[str], workdir: Path) -> None:
+                      flags: list[str], calls: dict[str, int], workdir: Path) -> None:
     """`--measure-top K`: the K best predicted plans of each root, timed inside the model beside
     IREE's default build (in_model.py); the heaviest dispatch of each root (`ranked` is heaviest
-    first) ships the fastest only if it beats IREE's default by the guard's margin."""
+    first) ships the fastest only if it beats IREE's default by the guard's margin, unless one
+    round build, measured whole, beats those picks (`whole_build_choice`)."""
     groups: dict[tuple, list[_Candidate]] = {}
     for c in ranked:
         key = _root_key(c)
@@ -335,8 +336,9 @@ def _measure_in_model(model: Path, ranked: list[_Candidate], k: int, translation
         tops.append(top)
         roots.append(RootUnderTest(dispatches={m.dispatch.entry: m.dispatch.weight for m in members},
                                    root_index=_structured_index(lead), matchers=[m for *_, m in top]))
-    for lead, top, times in zip(leads, tops, time_in_model(model, roots, workdir / "default.vmfb", function, flags,
-                                                            workdir / "in_model")):
+    measured = time_in_model(model, roots, workdir / "default.vmfb", function, flags, workdir / "in_model", calls)
+    picks: dict[int, int] = {}
+    for r, (lead, top, times) in enumerate(zip(leads, tops, measured.roots)):
         candidates = [MeasuredPlan(plan=plan, plan_hash=h, predicted_latency_s=lat,
                                    measured=_in_model_measurement(times.per_call[j], times.errors[j]))
                       for j, (plan, h, lat, _) in enumerate(top)]
@@ -349,12 +351,30 @@ def _measure_in_model(model: Path, ranked: list[_Candidate], k: int, translation
         lead.default_measured_s = statistics.median(times.default_s) if times.default_s else None
         lead.left = measured_verdict(lead.measured_s, lead.default_measured_s)
         if lead.left is None and chosen is not None:
-            picked = with_measured_choice(lead.result, lead.refinement)
-            lead.plan, lead.predicted = picked.plan, picked.predicted
-            lead.latency_s = picked.predicted.get("latency_s")
-            lead.note = (f"measured inside the model: {lead.measured_s * 1e3:.4f} ms against IREE's default "
-                         f"{lead.default_measured_s * 1e3:.4f} ms per model run "
-                         f"({lead.default_measured_s / lead.measured_s:.2f}x)")
+            picks[r] = chosen
+    whole = whole_build_choice(measured, picks)
+    if whole is not None:
+        members, seconds = whole
+        picks = {r: p for r, p in members if measured.roots[r].plans_s[p]}
+        default_s = statistics.median(measured.default_s)
+        for r, lead in enumerate(leads):
+            if r not in picks:
+                lead.left = (f"left to IREE: a whole-model build without it measured faster ({seconds * 1e3:.3f} ms "
+                             f"against IREE's default {default_s * 1e3:.3f} ms per run, all dispatches)")
+                continue
+            lead.refinement = lead.refinement.model_copy(update={"chosen": picks[r]})
+            lead.measured_s = statistics.median(measured.roots[r].plans_s[picks[r]])
+            lead.left = None
+    for r, lead in enumerate(leads):
+        if r not in picks or lead.left is not None:
+            continue
+        picked = with_measured_choice(lead.result, lead.refinement)
+        lead.plan, lead.predicted = picked.plan, picked.predicted
+        lead.latency_s = picked.predicted.get("latency_s")
+        lead.note = (f"measured inside the model: {lead.measured_s * 1e3:.4f} ms against IREE's default "
+                     f"{lead.default_measured_s * 1e3:.4f} ms per model run "
+                     f"({lead.default_measured_s / lead.measured_s:.2f}x)"
+                     + (", shipped with the whole-model build that measured fastest" if whole is not None else ""))
 
 
 def _leads_first(ranked: list[_Candidate]) -> list[_Candidate]:
@@ -423,7 +443,8 @@ def tune_model(model: Path, hardware: HardwareModel, spec_out: Path, *, budget: 
         if measure_top and candidates:
             try:
                 function, flags = _model_inputs(model, workdir)
-                _measure_in_model(model, ranked, measure_top, translation, function, flags, workdir)
+                calls = {d.entry: d.weight for d in dispatches}
+                _measure_in_model(model, ranked, measure_top, translation, function, flags, calls, workdir)
             except ToolFailure as failure:
                 raise ModelInputError(f"cannot run {model.name} to measure it: {failure.line}") from None
         for c in candidates:
@@ -482,7 +503,6 @@ def tune_model(model: Path, hardware: HardwareModel, spec_out: Path, *, budget: 
                                  + "\n  ".join(problems))
         measured_model = None
         if measure_top and tuned and verify:
-            calls = {d.entry: d.weight for d in dispatches}
             try:
                 measured_model = confirm_in_model(workdir / "default.vmfb", workdir / "tuned.vmfb", function, flags, calls)
             except ToolFailure as failure:
