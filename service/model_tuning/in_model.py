@@ -11,6 +11,8 @@ it differently alone, and its inputs stay hot in cache), so the plans are timed 
   processes hits them alike. A root's time is the wall time of its dispatches per model run
   (calls x mean per call), summed over the dispatches its matcher applies to; the median over
   rounds is what the guard compares.
+- Each build is also timed whole (all dispatches per run): a root's tiling changes the
+  dispatches reading its output, which its own time does not show (`whole_build_choice`).
 """
 
 from __future__ import annotations
