@@ -96,7 +96,7 @@ def _build(model: Path, roots: Sequence[RootUnderTest], members: list[tuple[int,
 def _per_run(root: RootUnderTest, times: dict[str, DispatchTime]) -> float | None:
     if any(name not in times for name in root.dispatches):
         return None
-    return sum(calls * times[name].wall_s for name, calls in root.dispatches.items())
+    return total_per_run({name: times[name] for name in root.dispatches}, root.dispatches)
 
 
 def time_in_model(model: Path, roots: Sequence[RootUnderTest], default_vmfb: Path, function: str,

@@ -511,6 +511,7 @@ def tune_model(model: Path, hardware: HardwareModel, spec_out: Path, *, budget: 
                 _withdraw(reports, searches, matchers, spec_out, measured_model)
                 tuned = {}
     predicted = sum(r.weight * (r.predicted_s or 0.0) for r in reports if r.tuned)
+    stored = {x.name for x in searches}
     return ModelTuneReport(model=str(model), hardware=hardware.name, dispatches=reports,
                            spec=str(spec_out) if matchers else None,
                            predicted_total_s=predicted, verified=verify and bool(tuned) and not problems,
@@ -520,7 +521,7 @@ def tune_model(model: Path, hardware: HardwareModel, spec_out: Path, *, budget: 
                            measured_left=[MeasuredDispatch(name=c.dispatch.entry, module=c.dispatch.module or "",
                                                            refinement=c.refinement)
                                           for c in candidates if c.refinement is not None
-                                          and c.dispatch.entry not in {x.name for x in searches}])
+                                          and c.dispatch.entry not in stored])
 
 
 def _withdraw(reports: list[DispatchReport], searches: list[DispatchSearch], matchers: dict, spec_out: Path,
