@@ -5,8 +5,15 @@ it differently alone (it collapses a 1x1 convolution's spatial dims), and its in
 cache across iterations. `iree-benchmark-module --device_profiling_mode=host-execution` records
 every dispatch of the model's real runs on the local-task device (start to end of the dispatch,
 and the sum of its workgroups' times), and `iree-profile dispatch --format=jsonl` aggregates them
-per dispatch function: `host_dispatch_group` rows keyed by the function's name
-(`main$async_dispatch_26_matmul_like_192x28x28x32_f32`, the names of the executable sources).
+per dispatch function: with `--dispatch_events`, one `host_dispatch_event` row per call, keyed
+by the function's name (`main$async_dispatch_26_matmul_like_192x28x28x32_f32`, the names of the
+executable sources).
+
+A dispatch's figure is its fastest call after WARMUP_RUNS runs: the first runs are cold (a
+16-row matmul's first call took twice its later ones, decaying over three to five runs), and
+other work on the machine only ever adds time to a call, in bursts that moved the mean and the
+median of ten runs by 10-35% from one profile of the same build to the next, and the minimum
+least (`benchmarks/in_model_noise.py`; docs/benchmarks.md, "In-model timing noise").
 """
 
 from __future__ import annotations
@@ -22,17 +29,28 @@ from .tools import BENCH_DEVICE, ToolFailure, run_tool
 
 @dataclass(frozen=True)
 class DispatchTime:
-    """One dispatch function over a profiled run: mean seconds per call."""
+    """One dispatch function over a profiled run: its fastest call, in seconds."""
 
-    calls: int
+    calls: int  # the calls it was the fastest of (after the warm-up)
     wall_s: float  # start to end of the dispatch (what the model waits for)
     cpu_s: float  # its workgroups' times summed (all threads)
 
 
+WARMUP_RUNS = 3
+
+
 def profile_dispatches(vmfb: Path, function: str, input_flags: Sequence[str], *, iterations: int = 10,
                        timeout_s: float = 300.0) -> dict[str, DispatchTime]:
-    """Run the model `iterations` times under IREE's host-execution profiler: per dispatch
-    function, its mean time per call."""
+    """Run the model WARMUP_RUNS + `iterations` times under IREE's host-execution profiler: per
+    dispatch function, its fastest call of the last `iterations` runs."""
+    runs = WARMUP_RUNS + iterations
+    return dispatch_times(profile_events(vmfb, function, input_flags, iterations=runs, timeout_s=timeout_s),
+                          skip=WARMUP_RUNS / runs)
+
+
+def profile_events(vmfb: Path, function: str, input_flags: Sequence[str], *, iterations: int = 10,
+                   timeout_s: float = 300.0) -> str:
+    """The profiler's JSONL: one `host_dispatch_event` row per dispatch call of `iterations` runs."""
     with tempfile.TemporaryDirectory(prefix="tilesearch-profile-") as tmp:
         bundle = Path(tmp) / "run.ireeprof"
         run_tool("iree-benchmark-module", [
@@ -40,23 +58,26 @@ def profile_dispatches(vmfb: Path, function: str, input_flags: Sequence[str], *,
             f"--benchmark_min_time={iterations}x", "--device_profiling_mode=host-execution",
             f"--device_profiling_output={bundle}",
         ], timeout_s)
-        report = run_tool("iree-profile", ["dispatch", "--format=jsonl", str(bundle)], timeout_s)
-    return dispatch_times(report)
+        return run_tool("iree-profile", ["dispatch", "--format=jsonl", "--dispatch_events", str(bundle)], timeout_s)
 
 
-def dispatch_times(jsonl: str) -> dict[str, DispatchTime]:
-    """`iree-profile dispatch --format=jsonl`'s host-execution groups, by function name."""
-    times: dict[str, DispatchTime] = {}
+def dispatch_times(jsonl: str, skip: float = 0.0) -> dict[str, DispatchTime]:
+    """`iree-profile dispatch --format=jsonl --dispatch_events`'s host-execution events, by
+    function name: the fastest of each function's valid calls, after leaving out the first
+    `skip` share of them (the warm-up runs: a function is called as often in every run)."""
+    calls: dict[str, list[tuple[int, int]]] = {}
     for line in jsonl.splitlines():
         try:
             row = json.loads(line)
         except json.JSONDecodeError:
             raise ToolFailure(f"iree-profile printed a line that is not JSON: {line[:80]}") from None
-        if row.get("type") != "host_dispatch_group" or not row.get("valid"):
-            continue
-        calls = int(row["valid"])
-        times[row["key"]] = DispatchTime(calls=calls, wall_s=row["total_ns"] * 1e-9 / calls,
-                                         cpu_s=row["total_tile_duration_sum_ns"] * 1e-9 / calls)
-    if not times:
+        if row.get("type") == "host_dispatch_event" and row.get("valid"):
+            calls.setdefault(row["key"], []).append((row["duration_ns"], row["tile_duration_sum_ns"]))
+    if not calls:
         raise ToolFailure("IREE's profiler recorded no dispatch (is this IREE built with HAL profiling?)")
+    times = {}
+    for key, events in calls.items():
+        kept = events[int(len(events) * skip):]
+        wall_ns, cpu_ns = min(kept)
+        times[key] = DispatchTime(calls=len(kept), wall_s=wall_ns * 1e-9, cpu_s=cpu_ns * 1e-9)
     return times

@@ -9,8 +9,8 @@ it differently alone, and its inputs stay hot in cache), so the plans are timed 
 - A plan counts only if IREE's configuration dump shows its root compiled with it.
 - The builds and IREE's default build are profiled in alternating rounds, so load from other
   processes hits them alike. A root's time is the wall time of its dispatches per model run
-  (calls x mean per call), summed over the dispatches its matcher applies to; the median over
-  rounds is what the guard compares.
+  (calls x the fastest call of a profile, see dispatch_profile.py), summed over the dispatches
+  its matcher applies to; the median over rounds is what the guard compares.
 - Each build is also timed whole (all dispatches per run): a root's tiling changes the
   dispatches reading its output, which its own time does not show (`whole_build_choice`).
 """
@@ -100,7 +100,7 @@ def _per_run(root: RootUnderTest, times: dict[str, DispatchTime]) -> float | Non
 
 
 def time_in_model(model: Path, roots: Sequence[RootUnderTest], default_vmfb: Path, function: str,
-                  input_flags: Sequence[str], workdir: Path, calls: dict[str, int], *, rounds: int = 3,
+                  input_flags: Sequence[str], workdir: Path, calls: dict[str, int], *, rounds: int = 5,
                   iterations: int = 10) -> InModelTimes:
     """Every root's plans and IREE's default, timed inside the model (see the module's doc);
     `calls`: every dispatch's calls per model run, for the whole-model times."""
@@ -155,12 +155,12 @@ def whole_build_choice(times: InModelTimes, picks: dict[int, int]) -> tuple[list
 
 
 def total_per_run(times: dict[str, DispatchTime], calls: dict[str, int]) -> float:
-    """Every dispatch's wall time in one model run (calls per run x mean per call)."""
+    """Every dispatch's wall time in one model run (calls per run x its time per call)."""
     return sum(calls.get(name, 1) * t.wall_s for name, t in times.items())
 
 
 def confirm_in_model(default_vmfb: Path, tuned_vmfb: Path, function: str, input_flags: Sequence[str],
-                     calls: dict[str, int], *, rounds: int = 3, iterations: int = 10) -> tuple[float, float]:
+                     calls: dict[str, int], *, rounds: int = 5, iterations: int = 10) -> tuple[float, float]:
     """IREE's default build and the build with the final spec, profiled in alternating rounds:
     the median over rounds of all dispatches' time per model run, (default, tuned). A root's own
     dispatches are not all a config changes: the dispatches that read its output run on the data
