@@ -11,7 +11,7 @@ from service.hardware.profiles import get_profile
 from service.measure.whole_model import compile_model, input_program, model_arguments, run_outputs, write_inputs
 from service.ir.dispatch import Dispatch
 from service.measure.tools import ToolFailure
-from service.model_tuning import ModelInputError, SpecNotApplied, tune, tune_model
+from service.model_tuning import ModelInputError, SpecNotApplied, bench_model, tune, tune_model
 
 MLP = SHARED / "models" / "mlp_512_2048_b16.linalg.mlir"
 
@@ -61,6 +61,24 @@ def test_the_tuned_model_computes_what_the_default_build_does(tuned_mlp, tmp_pat
     a, b = np.load(default), np.load(tuned)
     assert a.shape == b.shape == (16, 512)
     np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-4 * float(np.abs(a).max()))
+
+
+def test_bench_counts_the_dispatches_a_spec_changed_and_warns_when_it_changed_none(tuned_mlp, tmp_path):
+    from typer.testing import CliRunner
+
+    from service.cli import app
+
+    report, _ = tuned_mlp
+    result = bench_model(MLP, Path(report.spec), rounds=1)
+    assert result.dispatches == 2 and result.dispatches_changed == sum(d.tuned for d in report.dispatches)
+    assert result.speedup > 0 and len(result.default_samples_s) == len(result.tuned_samples_s) >= 1
+    # Another model's spec matches nothing here: the timing is of two identical builds, said so.
+    other = tmp_path / "softmax.mlir"
+    other.write_text(SOFTMAX_MODEL)
+    run = CliRunner().invoke(app, ["model", "bench", str(other), "--spec", report.spec, "--rounds", "1"])
+    assert run.exit_code == 0, run.output
+    assert "warning: the spec changed the config of none of softmax.mlir's 1 dispatches" in run.output
+    assert "the spec changed 0 of 1 dispatches" in run.output
 
 
 def test_a_dispatch_without_a_contraction_is_left_to_iree_with_its_reason(tmp_path):

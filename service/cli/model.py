@@ -175,6 +175,10 @@ def model_bench_cmd(
     if as_json:
         typer.echo(result.model_dump_json(indent=2))
         return
+    if result.dispatches_changed == 0:
+        typer.echo(f"warning: the spec changed the config of none of {file.name}'s {result.dispatches} dispatches "
+                   "(was it tuned for this model?)", err=True)
     typer.echo(f"{file.name}: IREE default {result.default_median_s * 1e3:.3f} ms, with the spec "
-               f"{result.tuned_median_s * 1e3:.3f} ms (median of {len(result.default_samples_s)}): "
-               f"{result.speedup:.2f}x")
+               f"{result.tuned_median_s * 1e3:.3f} ms (median wall time of {len(result.default_samples_s)} runs each, "
+               f"{rounds} interleaved rounds): {result.speedup:.2f}x; the spec changed "
+               f"{result.dispatches_changed} of {result.dispatches} dispatches")

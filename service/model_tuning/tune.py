@@ -547,6 +547,8 @@ class ModelBenchmark(BaseModel):
     speedup: float
     default_samples_s: list[float]
     tuned_samples_s: list[float]
+    dispatches: int  # dispatch functions of the model
+    dispatches_changed: int  # of them, those whose ops the spec compiled with other configs
 
 
 def bench_model(model: Path, spec: Path, *, rounds: int = 5, function: str | None = None) -> ModelBenchmark:
@@ -568,8 +570,11 @@ def bench_model(model: Path, spec: Path, *, rounds: int = 5, function: str | Non
             compile_model(model, workdir / "tuned.vmfb", workdir / "tuned_configs", spec=spec)
         except ToolFailure as failure:
             raise ModelInputError(f"IREE cannot compile {model.name}: {failure.line}") from None
+        default, tuned = dispatch_configs(workdir / "default_configs"), dispatch_configs(workdir / "tuned_configs")
         flags = write_inputs(arguments, workdir)
         timing = time_models(workdir / "default.vmfb", workdir / "tuned.vmfb", flags, function=function, rounds=rounds)
     return ModelBenchmark(model=str(model), spec=str(spec), default_median_s=statistics.median(timing.default_s),
                           tuned_median_s=statistics.median(timing.tuned_s), speedup=timing.speedup,
-                          default_samples_s=timing.default_s, tuned_samples_s=timing.tuned_s)
+                          default_samples_s=timing.default_s, tuned_samples_s=timing.tuned_s,
+                          dispatches=len(default),
+                          dispatches_changed=sum(1 for name, c in default.items() if tuned.get(name) != c))
