@@ -1,5 +1,6 @@
 """Whole-model tuning end to end with the real iree-compile and iree-run-module."""
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -46,7 +47,10 @@ def test_every_matmul_dispatch_is_tuned_or_left_to_a_faster_default_and_iree_app
         else:
             assert d.reason.startswith("IREE's default predicted as fast") and d.config is None
     assert report.predicted_total_s == pytest.approx(sum(d.weight * d.predicted_s for d in tuned))
-    assert Path(report.spec).read_text().count("transform.iree.match.contraction") == len(tuned)
+    spec = Path(report.spec).read_text()
+    assert spec.count("transform.iree.match.contraction") == len(tuned)
+    for d in tuned:  # each matcher is named after the dispatch it was tuned for, as the report names it
+        assert f"@match_{re.sub(r'[^A-Za-z0-9_]', '_', d.name)} -> @apply_op_config" in spec
     assert [s.name for s in report.searches] == [d.name for d in tuned]
 
 
@@ -63,7 +67,7 @@ def test_the_tuned_model_computes_what_the_default_build_does(tuned_mlp, tmp_pat
     np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-4 * float(np.abs(a).max()))
 
 
-def test_bench_counts_the_dispatches_a_spec_changed_and_warns_when_it_changed_none(tuned_mlp, tmp_path):
+def test_bench_counts_the_dispatches_a_spec_changed_and_refuses_a_spec_that_changes_none(tuned_mlp, tmp_path):
     from typer.testing import CliRunner
 
     from service.cli import app
@@ -72,13 +76,34 @@ def test_bench_counts_the_dispatches_a_spec_changed_and_warns_when_it_changed_no
     result = bench_model(MLP, Path(report.spec), rounds=1)
     assert result.dispatches == 2 and result.dispatches_changed == sum(d.tuned for d in report.dispatches)
     assert result.speedup > 0 and len(result.default_samples_s) == len(result.tuned_samples_s) >= 1
-    # Another model's spec matches nothing here: the timing is of two identical builds, said so.
+    # Another model's spec matches nothing there: two identical builds would time as a noise "speedup".
     other = tmp_path / "softmax.mlir"
     other.write_text(SOFTMAX_MODEL)
     run = CliRunner().invoke(app, ["model", "bench", str(other), "--spec", report.spec, "--rounds", "1"])
+    assert run.exit_code == 2
+    assert "the spec spec.mlir changed the config of none of softmax.mlir's 1 dispatches" in run.output
+    assert not re.search(r"\d\.\d\dx", run.output)  # no ratio printed
+    # A spec IREE cannot read is named as the culprit, not the model.
+    broken = tmp_path / "broken.mlir"
+    broken.write_text("this is not a spec")
+    run = CliRunner().invoke(app, ["model", "bench", str(MLP), "--spec", str(broken), "--rounds", "1"])
+    assert run.exit_code == 2 and "with the spec broken.mlir: " in run.output
+
+
+def test_tune_refuses_a_directory_as_spec_out_and_removes_an_older_spec_when_it_writes_none(tmp_path):
+    from typer.testing import CliRunner
+
+    from service.cli import app
+
+    run = CliRunner().invoke(app, ["model", "tune", str(MLP), "--no-store", "--spec-out", str(tmp_path)])
+    assert run.exit_code == 2 and "is a directory" in run.output
+    model = tmp_path / "softmax.mlir"
+    model.write_text(SOFTMAX_MODEL)
+    older = tmp_path / "spec.mlir"
+    older.write_text("an older run's spec")
+    run = CliRunner().invoke(app, ["model", "tune", str(model), "--no-store", "--spec-out", str(older)])
     assert run.exit_code == 0, run.output
-    assert "warning: the spec changed the config of none of softmax.mlir's 1 dispatches" in run.output
-    assert "the spec changed 0 of 1 dispatches" in run.output
+    assert not older.exists() and "removed the older" in run.output
 
 
 def test_a_dispatch_without_a_contraction_is_left_to_iree_with_its_reason(tmp_path):

@@ -43,6 +43,10 @@ def model_tune_cmd(
     if not spec_out.parent.is_dir():  # before minutes of tuning, not after
         typer.echo(f"error: --spec-out {spec_out}: directory {spec_out.parent} does not exist", err=True)
         raise typer.Exit(2)
+    if spec_out.is_dir():
+        typer.echo(f"error: --spec-out {spec_out} is a directory: give the spec file's path", err=True)
+        raise typer.Exit(2)
+    older = spec_out.exists()
     sessions = _store_sessions() if store else None  # before the search: a store that is not ready costs nothing
     columns = (TextColumn("tuning {task.fields[dispatch]}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, transient=True, disable=as_json or not sys.stderr.isatty()) as bar:
@@ -79,10 +83,13 @@ def model_tune_cmd(
     if report.spec:
         typer.echo(f"wrote {report.spec} (IREE applied it to every tuned dispatch: {report.verified}); "
                    f"predicted {report.predicted_total_s * 1e3:.3f} ms for the tuned dispatches")
-    elif any(d.predicted_s is not None for d in report.dispatches):
-        typer.echo("no tuned config beat IREE's default (the reasons above): no spec written, IREE's own configs stand")
     else:
-        typer.echo("nothing to tune: no spec written")
+        if any(d.predicted_s is not None for d in report.dispatches):
+            typer.echo("no tuned config beat IREE's default (the reasons above): no spec written, IREE's own configs stand")
+        else:
+            typer.echo("nothing to tune: no spec written")
+        if older:
+            typer.echo(f"removed the older {spec_out}, so that it is not taken for this run's spec")
     if report.measured_model_s is not None and report.iree_default_measured_model_s is not None:
         typer.echo(f"measured inside the model (all dispatches per run): IREE's default "
                    f"{report.iree_default_measured_model_s * 1e3:.3f} ms, with the spec {report.measured_model_s * 1e3:.3f} ms")
@@ -175,9 +182,6 @@ def model_bench_cmd(
     if as_json:
         typer.echo(result.model_dump_json(indent=2))
         return
-    if result.dispatches_changed == 0:
-        typer.echo(f"warning: the spec changed the config of none of {file.name}'s {result.dispatches} dispatches "
-                   "(was it tuned for this model?)", err=True)
     typer.echo(f"{file.name}: IREE default {result.default_median_s * 1e3:.3f} ms, with the spec "
                f"{result.tuned_median_s * 1e3:.3f} ms (median wall time of {len(result.default_samples_s)} runs each, "
                f"{rounds} interleaved rounds): {result.speedup:.2f}x; the spec changed "

@@ -19,6 +19,7 @@ one tuning spec that IREE is shown to apply.
 
 from __future__ import annotations
 
+import re
 import statistics
 import tempfile
 import time
@@ -477,7 +478,7 @@ def tune_model(model: Path, hardware: HardwareModel, spec_out: Path, *, budget: 
                 report.reason = c.left
                 decided[key] = c.left
                 continue
-            matcher = heavier or _plan_matcher(c, c.plan or {}, f"dispatch_{len(matchers)}", translation)
+            matcher = heavier or _plan_matcher(c, c.plan or {}, _symbol_part(c.dispatch.entry), translation)
             if matcher is None:
                 report.reason = "the best plan found leaves the root untiled: IREE's own config is kept"
                 decided[key] = report.reason
@@ -493,6 +494,8 @@ def tune_model(model: Path, hardware: HardwareModel, spec_out: Path, *, budget: 
             searches.append(_search_record(c, measure_top))
         if matchers:
             spec_out.write_text(tuning_spec(list(matchers.values())))
+        else:  # an older spec left at the path would be taken for this run's
+            spec_out.unlink(missing_ok=True)
         try:
             problems = _verify(model, spec_out, tuned, reports, default, workdir) if verify and tuned else []
         except ToolFailure as failure:
@@ -524,6 +527,11 @@ def tune_model(model: Path, hardware: HardwareModel, spec_out: Path, *, budget: 
                                           and c.dispatch.entry not in stored])
 
 
+def _symbol_part(name: str) -> str:
+    """A dispatch's name as part of a matcher's symbol (`@match_<it>`), so a spec reads like the report."""
+    return re.sub(r"[^A-Za-z0-9_]", "_", name)
+
+
 def _withdraw(reports: list[DispatchReport], searches: list[DispatchSearch], matchers: dict, spec_out: Path,
               measured: tuple[float, float]) -> None:
     """The spec made the whole model no faster, measured: nothing ships (every tuned dispatch is
@@ -548,7 +556,7 @@ class ModelBenchmark(BaseModel):
     default_samples_s: list[float]
     tuned_samples_s: list[float]
     dispatches: int  # dispatch functions of the model
-    dispatches_changed: int  # of them, those whose ops the spec compiled with other configs
+    dispatches_changed: int  # of them, those whose ops the spec compiled with other configs (at least one)
 
 
 def bench_model(model: Path, spec: Path, *, rounds: int = 5, function: str | None = None) -> ModelBenchmark:
@@ -567,14 +575,20 @@ def bench_model(model: Path, spec: Path, *, rounds: int = 5, function: str | Non
             raise ModelInputError(f"cannot run {model.name}: {failure.line}") from None
         try:
             compile_model(model, workdir / "default.vmfb", workdir / "default_configs")
-            compile_model(model, workdir / "tuned.vmfb", workdir / "tuned_configs", spec=spec)
         except ToolFailure as failure:
             raise ModelInputError(f"IREE cannot compile {model.name}: {failure.line}") from None
+        try:
+            compile_model(model, workdir / "tuned.vmfb", workdir / "tuned_configs", spec=spec)
+        except ToolFailure as failure:
+            raise ModelInputError(f"IREE cannot compile {model.name} with the spec {spec.name}: {failure.line}") from None
         default, tuned = dispatch_configs(workdir / "default_configs"), dispatch_configs(workdir / "tuned_configs")
+        changed = sum(1 for name, c in default.items() if tuned.get(name) != c)
+        if not changed:
+            raise ModelInputError(f"the spec {spec.name} changed the config of none of {model.name}'s {len(default)} "
+                                  "dispatches (was it tuned for this model?): two identical builds, nothing to time")
         flags = write_inputs(arguments, workdir)
         timing = time_models(workdir / "default.vmfb", workdir / "tuned.vmfb", flags, function=function, rounds=rounds)
     return ModelBenchmark(model=str(model), spec=str(spec), default_median_s=statistics.median(timing.default_s),
                           tuned_median_s=statistics.median(timing.tuned_s), speedup=timing.speedup,
                           default_samples_s=timing.default_s, tuned_samples_s=timing.tuned_s,
-                          dispatches=len(default),
-                          dispatches_changed=sum(1 for name, c in default.items() if tuned.get(name) != c))
+                          dispatches=len(default), dispatches_changed=changed)
