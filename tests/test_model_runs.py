@@ -159,6 +159,8 @@ def test_model_tune_stores_a_run_that_model_runs_and_model_spec_read_back(store_
     answer = json.loads(tuned.stdout)
     run_id = answer["run_id"]
     assert answer["spec"] == str(spec) and all("iree_default_predicted_s" in d for d in answer["dispatches"])
+    # IREE's own config of each root, beside ours, so a reader can see what the spec changed
+    assert all(d["iree_default"].startswith("#iree_cpu.lowering_config<") for d in answer["dispatches"])
     listed = runner.invoke(app, ["model", "runs", "--json"])
     assert listed.exit_code == 0 and [r["id"] for r in json.loads(listed.stdout)] == [run_id]
     assert f"{run_id}  " in runner.invoke(app, ["model", "runs"]).stdout

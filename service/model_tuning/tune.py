@@ -129,7 +129,7 @@ class ModelTuneReport(BaseModel):
 
     def summary(self) -> dict:
         return {"dispatches": [d.model_dump(include={"name", "fingerprint", "weight", "root_op", "tuned", "reason",
-                                                     "predicted_s", "config", "iree_default_predicted_s",
+                                                     "predicted_s", "config", "iree_default", "iree_default_predicted_s",
                                                      "measured_s", "iree_default_measured_s"})
                                for d in self.dispatches],
                 "spec": self.spec, "predicted_total_s": self.predicted_total_s, "verified": self.verified,
@@ -237,7 +237,10 @@ def _search(candidates: list[_Candidate], hardware: HardwareModel, budget: int, 
 
     def run_slice(i: int, n: int) -> float | None:
         c = candidates[i]
-        warm = [c.plan] if c.plan and c.plan.get("groups") else None
+        # The first slice starts at IREE's own config (scored like any plan), so what the search
+        # returns is never predicted slower than the default the guard compares it with.
+        start = c.plan if c.plan and c.plan.get("groups") else c.default_plan
+        warm = [start] if start else None
         left = None if deadline is None else max(0.5, deadline - time.monotonic())
         result = tune(c.dispatch.module, hardware, budget=_SLICE, seconds=left, seed=seed + n,
                       warm_start_plans=warm, workers=1, keep_pool=True)

@@ -169,11 +169,14 @@ class _Search:
         return self.result(baseline_ev, untiled_ev, search_s)
 
     def _kept_start(self, best: Evaluation | None) -> Evaluation | None:
-        """The starting plan (IREE's own config for a contraction, or the warm start) unless the
-        best is predicted faster by more than KEEP_START_MARGIN: within the model's error a
-        move away from a known-good config is a coin toss that can lose."""
-        start = next((t for t in reversed(self.trials) if t.source == "default" and t.stage == "cost"
-                      and t.feasible and t.latency_s is not None), None)
+        """The starting plan (the space's start, IREE's own config for a contraction, or a warm
+        start: the fastest of them) unless the best is predicted faster by more than
+        KEEP_START_MARGIN: within the model's error a move away from a known-good config is a
+        coin toss that can lose. A warm start outside the space (IREE's real config of a decode
+        step's 1x11008x4096 matmul) is scored but not searched from; it still counts here."""
+        starts = [t for t in self.trials if t.source in ("default", "warm_start") and t.stage == "cost"
+                  and t.feasible and t.latency_s is not None]
+        start = min(starts, key=lambda t: t.latency_s) if starts else None
         if best is None or start is None or best.latency_s is None or not best.feasible:
             return best
         return start if best.latency_s * (1 + KEEP_START_MARGIN) > start.latency_s else best
