@@ -9,11 +9,10 @@ per dispatch function: with `--dispatch_events`, one `host_dispatch_event` row p
 by the function's name (`main$async_dispatch_26_matmul_like_192x28x28x32_f32`, the names of the
 executable sources).
 
-A dispatch's figure is its fastest call after WARMUP_RUNS runs: the first runs are cold (a
-16-row matmul's first call took twice its later ones, decaying over three to five runs), and
-other work on the machine only ever adds time to a call, in bursts that moved the mean and the
-median of ten runs by 10-35% from one profile of the same build to the next, and the minimum
-least (`benchmarks/in_model_noise.py`; docs/benchmarks.md, "In-model timing noise").
+A dispatch's figure is its fastest call after WARMUP_RUNS runs: the first runs are cold, and
+other work on the machine only ever adds time to a call, in bursts that move a mean or a median
+far more than the minimum from one profile of the same build to the next
+(`benchmarks/in_model_noise.py`; docs/benchmarks.md, "In-model timing noise").
 """
 
 from __future__ import annotations

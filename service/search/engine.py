@@ -172,8 +172,8 @@ class _Search:
         """The starting plan (the space's start, IREE's own config for a contraction, or a warm
         start: the fastest of them) unless the best is predicted faster by more than
         KEEP_START_MARGIN: within the model's error a move away from a known-good config is a
-        coin toss that can lose. A warm start outside the space (IREE's real config of a decode
-        step's 1x11008x4096 matmul) is scored but not searched from; it still counts here."""
+        coin toss that can lose. A warm start outside the space is scored but not searched
+        from; it still counts here."""
         starts = [t for t in self.trials if t.source in ("default", "warm_start") and t.stage == "cost"
                   and t.feasible and t.latency_s is not None]
         start = min(starts, key=lambda t: t.latency_s) if starts else None
