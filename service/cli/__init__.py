@@ -21,7 +21,7 @@ app = typer.Typer(
 
 @app.command("inspect")
 def inspect_cmd(
-    file: Path = typer.Argument(..., exists=True, dir_okay=False, help="MLIR module (text or bytecode)"),
+    file: Path = typer.Argument(..., exists=True, dir_okay=False, metavar="MODULE.mlir", help="MLIR module (text or bytecode)"),
     as_json: bool = typer.Option(False, "--json", help="print JSON"),
 ) -> None:
     """List the tileable ops of a module (uid, loop ranges, iterators, producers/consumers)."""
@@ -60,7 +60,7 @@ def inspect_cmd(
 
 @app.command("apply")
 def apply_cmd(
-    file: Path = typer.Argument(..., exists=True, dir_okay=False, help="MLIR module"),
+    file: Path = typer.Argument(..., exists=True, dir_okay=False, metavar="MODULE.mlir", help="MLIR module"),
     plan: Path = typer.Option(..., "--plan", exists=True, dir_okay=False, help="plan JSON"),
     script_out: Path | None = typer.Option(None, "--script-out", help="write the transform script here"),
     origin_json: bool = typer.Option(False, "--origin-json", help="also print the origin map as JSON"),
@@ -91,7 +91,7 @@ def apply_cmd(
 
 @app.command("measure")
 def measure_cmd(
-    file: Path = typer.Argument(..., exists=True, dir_okay=False, help="MLIR module"),
+    file: Path = typer.Argument(..., exists=True, dir_okay=False, metavar="MODULE.mlir", help="MLIR module"),
     plan: Path = typer.Option(..., "--plan", exists=True, dir_okay=False, help="plan JSON"),
     as_json: bool = typer.Option(False, "--json", help="print JSON"),
     repetitions: int = typer.Option(5, "--repetitions", min=1),
@@ -283,7 +283,7 @@ def hardware_show_cmd(
 
 @app.command("cost")
 def cost_cmd(
-    file: Path = typer.Argument(..., exists=True, dir_okay=False, help="MLIR module"),
+    file: Path = typer.Argument(..., exists=True, dir_okay=False, metavar="MODULE.mlir", help="MLIR module"),
     plan: Path = typer.Option(..., "--plan", exists=True, dir_okay=False, help="plan JSON"),
     hardware: str = typer.Option("host-cpu", "--hardware", help="hardware profile name"),
     as_json: bool = typer.Option(False, "--json", help="print JSON"),
@@ -327,7 +327,7 @@ def cost_cmd(
 
 @app.command("tune")
 def tune_cmd(
-    file: Path = typer.Argument(..., exists=True, dir_okay=False, help="MLIR module"),
+    file: Path = typer.Argument(..., exists=True, dir_okay=False, metavar="MODULE.mlir", help="MLIR module"),
     hardware: str = typer.Option("host-cpu", "--hardware", help="hardware profile name"),
     budget: int = typer.Option(300, "--budget", min=1, help="distinct plans to evaluate"),
     seconds: float | None = typer.Option(None, "--seconds", help="wall-clock limit"),

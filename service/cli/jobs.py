@@ -37,7 +37,7 @@ def _job_client(server: str, token: str | None):
 
 @job_app.command("submit")
 def job_submit_cmd(
-    path: Path = typer.Argument(..., exists=True, help="a model (MLIR file: its dispatches are the items) or a "
+    path: Path = typer.Argument(..., exists=True, metavar="MODEL.mlir|DIR", help="a model (MLIR file: its dispatches are the items) or a "
                                                       "directory of modules (*.mlir: each file one item)"),
     hardware: str = typer.Option(..., "--hardware", help="hardware profile name"),
     budget: int = typer.Option(64, "--budget", min=1, help="plans to evaluate per item"),
