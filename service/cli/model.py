@@ -74,7 +74,8 @@ def model_tune_cmd(
         return
     table = Table(title=f"{file.name} on {hw.name}: {sum(d.tuned for d in report.dispatches)} of "
                         f"{len(report.dispatches)} dispatches tuned")
-    for col in ("dispatch", "weight", "root", "tuned", "predicted ms", "IREE default ms", "reason"):
+    table.add_column("dispatch", overflow="fold")  # whole: it is how the spec's matchers are named
+    for col in ("weight", "root", "tuned", "predicted ms", "IREE default ms", "reason"):
         table.add_column(col)
     for d in report.dispatches:
         table.add_row(d.name, str(d.weight), d.root_op or "-", "yes" if d.tuned else "no", _ms(d.predicted_s),
