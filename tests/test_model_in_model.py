@@ -106,10 +106,13 @@ def test_measure_top_decides_inside_the_model_and_confirms_on_the_whole_model(tm
         assert d.iree_default_measured_s > 0
         if d.tuned:
             assert d.reason.startswith("measured inside the model: ")
-            assert d.measured_s * 1.05 <= d.iree_default_measured_s
+            # per root, the margin; a round build that measured fastest whole ships as a whole
+            if not d.reason.endswith("shipped with the whole-model build that measured fastest"):
+                assert d.measured_s * 1.05 <= d.iree_default_measured_s
         else:
             assert d.reason.startswith(("IREE's default measured as fast inside the model",
-                                        "the whole model measured no faster"))
+                                        "the whole model measured no faster",
+                                        "left to IREE: a whole-model build without it measured faster"))
     if any(d.tuned for d in report.dispatches):
         assert report.measured_model_s < report.iree_default_measured_model_s and Path(report.spec).exists()
 
@@ -129,6 +132,8 @@ def test_timings_of_dispatches_left_to_iree_are_stored_for_learning(tmp_path, mo
     """A root IREE's default beat inside the model is where the cost model was wrong: its timings
     are kept (with their module, no decision) beside the tuned dispatches' decisions."""
     monkeypatch.setattr(tune_module, "measured_verdict", lambda tuned_s, default_s: "left by the test")
+    # and no round build measured whole ships instead (its own path, tested above)
+    monkeypatch.setattr(tune_module, "whole_build_choice", lambda times, picks: None)
     report = tune_model(MLP, get_profile("host-cpu"), tmp_path / "spec.mlir", budget=32, measure_top=1)
     assert not any(d.tuned for d in report.dispatches) and report.measured_left
     expected = sum(len(m.refinement.candidates) + 1 for m in report.measured_left)
