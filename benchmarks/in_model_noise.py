@@ -17,7 +17,6 @@ build with the default build of its own round cancels most of it.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import statistics
 import sys
@@ -28,23 +27,23 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.model_e2e import MODELS, cpu_name  # noqa: E402
-from service.measure.dispatch_profile import profile_events  # noqa: E402
+from service.measure.dispatch_profile import dispatch_calls, profile_events  # noqa: E402
 from service.measure.forcing import write_inputs  # noqa: E402
 from service.measure.whole_model import compile_model, entry_function, input_program, model_arguments  # noqa: E402
 
 
 def _calls(jsonl: str) -> dict[str, list[int]]:
-    out: dict[str, list[int]] = {}
-    for line in jsonl.splitlines():
-        row = json.loads(line)
-        if row.get("type") == "host_dispatch_event" and row.get("valid"):
-            out.setdefault(row["key"], []).append(row["duration_ns"])
-    return out
+    return {k: [wall for wall, _ in v] for k, v in dispatch_calls(jsonl).items()}
 
 
 def _adjacent_ratios(xs: list[float]) -> list[float]:
     """Profile 2i over profile 2i+1: what a comparison of two builds profiled one after the other sees."""
     return [a / b for a, b in zip(xs[::2], xs[1::2])]
+
+
+def _paired_cv(xs: list[float]) -> str:
+    ratios = _adjacent_ratios(xs)
+    return f"{_cv(ratios) / math.sqrt(2):.1%}" if len(ratios) >= 2 else "- (needs 4 profiles)"
 
 
 def _lower_quartile(xs: list[int]) -> float:
@@ -90,7 +89,7 @@ def main() -> int:
         print(f"| {name} | {len(heavy)} | " + " | ".join(f"{statistics.median(cv[n]):.1%}" for n in stats)
               + " | " + " / ".join(f"{max(cv[n]):.1%}" for n in stats)
               + " | " + " / ".join(f"{_cv([sum(m.values()) for m in per_run[n]]):.1%}" for n in stats)
-              + f" | {_cv(_adjacent_ratios([sum(m.values()) for m in per_run['median']])) / math.sqrt(2):.1%} |")
+              + f" | {_paired_cv([sum(m.values()) for m in per_run['median']])} |")
     return 0
 
 

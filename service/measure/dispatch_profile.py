@@ -60,10 +60,9 @@ def profile_events(vmfb: Path, function: str, input_flags: Sequence[str], *, ite
         return run_tool("iree-profile", ["dispatch", "--format=jsonl", "--dispatch_events", str(bundle)], timeout_s)
 
 
-def dispatch_times(jsonl: str, skip: float = 0.0) -> dict[str, DispatchTime]:
-    """`iree-profile dispatch --format=jsonl --dispatch_events`'s host-execution events, by
-    function name: the fastest of each function's valid calls, after leaving out the first
-    `skip` share of them (the warm-up runs: a function is called as often in every run)."""
+def dispatch_calls(jsonl: str) -> dict[str, list[tuple[int, int]]]:
+    """`iree-profile dispatch --format=jsonl --dispatch_events`'s valid host-execution events, by
+    function name, in call order: (wall ns, workgroups' summed ns) per call."""
     calls: dict[str, list[tuple[int, int]]] = {}
     for line in jsonl.splitlines():
         try:
@@ -74,8 +73,14 @@ def dispatch_times(jsonl: str, skip: float = 0.0) -> dict[str, DispatchTime]:
             calls.setdefault(row["key"], []).append((row["duration_ns"], row["tile_duration_sum_ns"]))
     if not calls:
         raise ToolFailure("IREE's profiler recorded no dispatch (is this IREE built with HAL profiling?)")
+    return calls
+
+
+def dispatch_times(jsonl: str, skip: float = 0.0) -> dict[str, DispatchTime]:
+    """Per function (`dispatch_calls`), its fastest call after leaving out the first `skip`
+    share of its calls (the warm-up runs: a function is called as often in every run)."""
     times = {}
-    for key, events in calls.items():
+    for key, events in dispatch_calls(jsonl).items():
         kept = events[int(len(events) * skip):]
         wall_ns, cpu_ns = min(kept)
         times[key] = DispatchTime(calls=len(kept), wall_s=wall_ns * 1e-9, cpu_s=cpu_ns * 1e-9)
