@@ -32,8 +32,8 @@ from service.measure.forcing import write_inputs  # noqa: E402
 from service.measure.whole_model import compile_model, entry_function, input_program, model_arguments  # noqa: E402
 
 
-def _calls(jsonl: str) -> dict[str, list[int]]:
-    return {k: [wall for wall, _ in v] for k, v in dispatch_calls(jsonl).items()}
+def _calls(jsonl: str, skip: float) -> dict[str, list[int]]:
+    return {k: [wall for wall, _ in v] for k, v in dispatch_calls(jsonl, skip).items()}
 
 
 def _adjacent_ratios(xs: list[float]) -> list[float]:
@@ -75,11 +75,10 @@ def main() -> int:
             function = entry_function(program)
             flags = write_inputs(model_arguments(program, function), work)
             compile_model(model, work / "m.vmfb", work / "configs")
-            profiles = [_calls(profile_events(work / "m.vmfb", function, flags, iterations=args.warmup + args.iterations))
+            total = args.warmup + args.iterations
+            profiles = [_calls(profile_events(work / "m.vmfb", function, flags, iterations=total), args.warmup / total)
                         for _ in range(args.profiles)]
-        runs, skip = args.iterations, args.warmup
-        # each dispatch's calls of the runs after the warm-up (calls per run = its calls / runs)
-        profiles = [{k: v[len(v) * skip // (skip + runs):] for k, v in p.items()} for p in profiles]
+        runs = args.iterations  # each dispatch's calls per run = its calls kept / runs
         # per profile, per dispatch: its time per run by each statistic of its calls
         stats = {"mean": statistics.mean, "median": statistics.median, "p25": _lower_quartile, "min": min}
         per_run = {n: [{k: f(v) * len(v) / runs for k, v in p.items()} for p in profiles] for n, f in stats.items()}

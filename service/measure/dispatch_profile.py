@@ -60,9 +60,11 @@ def profile_events(vmfb: Path, function: str, input_flags: Sequence[str], *, ite
         return run_tool("iree-profile", ["dispatch", "--format=jsonl", "--dispatch_events", str(bundle)], timeout_s)
 
 
-def dispatch_calls(jsonl: str) -> dict[str, list[tuple[int, int]]]:
+def dispatch_calls(jsonl: str, skip: float = 0.0) -> dict[str, list[tuple[int, int]]]:
     """`iree-profile dispatch --format=jsonl --dispatch_events`'s valid host-execution events, by
-    function name, in call order: (wall ns, workgroups' summed ns) per call."""
+    function name, in call order: (wall ns, workgroups' summed ns) per call, after leaving out
+    the first `skip` share of each function's calls (the warm-up runs: a function is called as
+    often in every run)."""
     calls: dict[str, list[tuple[int, int]]] = {}
     for line in jsonl.splitlines():
         try:
@@ -73,15 +75,13 @@ def dispatch_calls(jsonl: str) -> dict[str, list[tuple[int, int]]]:
             calls.setdefault(row["key"], []).append((row["duration_ns"], row["tile_duration_sum_ns"]))
     if not calls:
         raise ToolFailure("IREE's profiler recorded no dispatch (is this IREE built with HAL profiling?)")
-    return calls
+    return {key: events[int(len(events) * skip):] for key, events in calls.items()}
 
 
 def dispatch_times(jsonl: str, skip: float = 0.0) -> dict[str, DispatchTime]:
-    """Per function (`dispatch_calls`), its fastest call after leaving out the first `skip`
-    share of its calls (the warm-up runs: a function is called as often in every run)."""
+    """Per function, its fastest call (`dispatch_calls`, the warm-up's `skip` share left out)."""
     times = {}
-    for key, events in dispatch_calls(jsonl).items():
-        kept = events[int(len(events) * skip):]
+    for key, kept in dispatch_calls(jsonl, skip).items():
         wall_ns, cpu_ns = min(kept)
         times[key] = DispatchTime(calls=len(kept), wall_s=wall_ns * 1e-9, cpu_s=cpu_ns * 1e-9)
     return times

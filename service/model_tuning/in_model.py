@@ -139,9 +139,9 @@ def whole_build_choice(times: InModelTimes, picks: dict[int, int]) -> tuple[list
     """A round build to ship instead of the per-root picks (`picks`: root -> plan), with its
     whole-model seconds per run, or None. The picks' whole-model time is estimated from their own
     dispatches' gains, as if they added up; a round build's was measured whole, with what each
-    root's tiling does to the dispatches reading its output (a ResNet block's first 1x1
-    convolution measured no faster on its own dispatch, and with both tuned the block ran 2.4x
-    faster). A build must beat the estimate by the guard's MEASURED_MARGIN."""
+    root's tiling does to the dispatches reading its output (docs/benchmarks.md has a ResNet
+    block where that was most of the gain). A build must beat the estimate by the guard's
+    MEASURED_MARGIN."""
     if not times.default_s:
         return None
     estimate = statistics.median(times.default_s) - sum(
