@@ -30,7 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from fidelity_corpus import Shape, corpus, grid, module_text  # noqa: E402
 
-from service.hardware.profiles import get_profile  # noqa: E402
+from service.hardware.model import HardwareModel  # noqa: E402
+from service.hardware.profiles import HostFacts, get_profile, host_cpu_model, read_host_facts  # noqa: E402
 from service.measure.cache import MeasurementCache, host_key, measurement_key  # noqa: E402
 from service.measure.calibration_plans import ContractionWorkload, contraction_workload, plan_for  # noqa: E402
 from service.measure.forcing import NotMeasurable  # noqa: E402
@@ -41,8 +42,25 @@ SETTINGS = BenchSettings(repetitions=3, min_time_s=0.05)
 CACHE_DIR = Path(__file__).resolve().parent / "measurements"
 
 
-def host_cache() -> MeasurementCache:
-    return MeasurementCache(CACHE_DIR / f"{host_key()}.jsonl")
+def host_cache(key: str | None = None) -> MeasurementCache:
+    """The measurements of host `key` (default: this one)."""
+    return MeasurementCache(CACHE_DIR / f"{key or host_key()}.jsonl")
+
+
+def host_facts_path(key: str) -> Path:
+    """What host detection read off host `key` (profiles.HostFacts), beside its measurements, so
+    the model can be held against them on any machine."""
+    return CACHE_DIR / f"{key}.host.json"
+
+
+def host_profile(key: str) -> HardwareModel:
+    """The host-cpu profile of host `key` as this code builds it from that host's facts."""
+    if key == host_key():
+        return host_cpu_model(read_host_facts())
+    path = host_facts_path(key)
+    if not path.exists():
+        raise SystemExit(f"no facts for host {key}: {path} is missing")
+    return host_cpu_model(HostFacts.from_json(path.read_text()))
 
 
 @dataclass
@@ -64,12 +82,12 @@ TIMINGS = ("cpu", "wall")
 
 
 def measure_shape(s: Shape, cache: MeasurementCache, measure: bool = True,
-                  timing: str = "cpu") -> ShapeMeasurements | None:
-    """The shape's grid and IREE's default, from the cache or measured now (None: not cached
-    and `measure` is off)."""
+                  timing: str = "cpu", lanes_f32: int | None = None) -> ShapeMeasurements | None:
+    """The shape's grid (for `lanes_f32`, default this host's) and IREE's default, from the
+    cache or measured now (None: not cached and `measure` is off)."""
     text = module_text(s)
     w = contraction_workload(s.name, text)
-    plans = [plan_for(w, *cfg) for cfg in grid(s, lanes())]
+    plans = [plan_for(w, *cfg) for cfg in grid(s, lanes_f32 or lanes())]
     key = measurement_key(text, {"grid": plans}, SETTINGS)
     got = [cache.get(f"{key}:{i}") for i in range(len(plans))]
     default = cache.get(f"{key}:default")
@@ -116,6 +134,9 @@ def main() -> None:
     ap.add_argument("--limit", type=int, default=None)
     args = ap.parse_args()
     cache = host_cache()
+    facts = host_facts_path(host_key())
+    if not facts.exists():
+        facts.write_text(read_host_facts().to_json() + "\n")
     shapes = [s for s in corpus() if args.only in s.name][: args.limit]
     print(f"host {host_key()}: {len(shapes)} shapes -> {cache.path}", file=sys.stderr)
     for i, s in enumerate(shapes):

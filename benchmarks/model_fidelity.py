@@ -15,7 +15,7 @@ Models compared:
 --search also runs the search (TPE, --budget plans) on each held-out shape and measures its
 pick against IREE's default, paired in alternating rounds (cached like the grid).
 
-    python benchmarks/model_fidelity.py [--measure] [--search] [--budget 200] [--details]
+    python benchmarks/model_fidelity.py [--measure] [--search] [--budget 200] [--details [tune]] [--host KEY|all]
 """
 
 from __future__ import annotations
@@ -32,7 +32,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from fidelity_corpus import Shape, corpus, module_text  # noqa: E402
-from fidelity_measure import SETTINGS, TIMINGS, ShapeMeasurements, host_cache, measure_shape, read_time  # noqa: E402
+from fidelity_measure import (  # noqa: E402
+    CACHE_DIR,
+    SETTINGS,
+    TIMINGS,
+    ShapeMeasurements,
+    host_cache,
+    host_profile,
+    measure_shape,
+    read_time,
+)
 
 from service.hardware.model import Calibration, HardwareModel  # noqa: E402
 from service.hardware.profiles import get_profile  # noqa: E402
@@ -93,19 +102,38 @@ def main() -> None:
     ap.add_argument("--measure", action="store_true", help="measure shapes missing from this host's cache")
     ap.add_argument("--search", action="store_true", help="measure the search's pick on held-out shapes")
     ap.add_argument("--budget", type=int, default=200)
-    ap.add_argument("--details", action="store_true", help="a row per shape")
+    ap.add_argument("--details", nargs="?", const="all", choices=("all", "tune", "held-out"),
+                    help="a row per shape (of one half: look at 'tune' only while changing the model)")
     ap.add_argument("--timing", choices=TIMINGS, default="cpu", help="see fidelity_measure.py")
+    ap.add_argument("--nominal-only", action="store_true", help="skip the calibrated model (its fit takes minutes)")
+    ap.add_argument("--host", default=None,
+                    help="another host's stored measurements, held against the model built from that host's facts; "
+                         "'all': every host in benchmarks/measurements")
     args = ap.parse_args()
+    hosts = [args.host or host_key()]
+    if args.host == "all":
+        hosts = sorted(p.name.removesuffix(".host.json") for p in CACHE_DIR.glob("*.host.json"))
+    if (args.measure or args.search) and hosts != [host_key()]:
+        ap.error("--measure and --search measure on this host only")
+    for key in hosts:
+        report(key, args)
+        print()
 
-    cache = host_cache()
-    results = [r for r in (measure_shape(s, cache, measure=args.measure, timing=args.timing) for s in corpus()) if r is not None]
+
+def report(key: str, args: argparse.Namespace) -> None:
+    cache = host_cache(key)
+    profile = host_profile(key) if key != host_key() else get_profile("host-cpu")
+    lanes_f32 = profile.compute.vector_width_bytes // 4
+    results = [r for r in (measure_shape(s, cache, measure=args.measure, timing=args.timing, lanes_f32=lanes_f32)
+                           for s in corpus()) if r is not None]
     missing = len(corpus()) - len(results)
-    profile = get_profile("host-cpu")
     nominal = with_calibration(profile, Calibration())
     predictor = Predictor([r.workload for r in results])
     samples = {r.shape.name: samples_of(r) for r in results}
     tune_samples = [x for r in results if r.shape.half == "tune" for x in samples[r.shape.name]]
-    models = {"nominal": nominal, "calibrated": fit_profile(tune_samples, predictor, nominal)}
+    models = {"nominal": nominal}
+    if not args.nominal_only:
+        models["calibrated"] = fit_profile(tune_samples, predictor, nominal)
 
     rows = []
     for r in results:
@@ -116,7 +144,7 @@ def main() -> None:
             predicted = [predictor.latency_s(x.workload, x.plan, hw) for x in ss]
             rows.append((r, label, ranking(ss, predicted), ss))
 
-    print(f"host {host_key()}, timing {args.timing}; {len(results)} shapes measured ({missing} not in the cache), "
+    print(f"host {key}, timing {args.timing}; {len(results)} shapes measured ({missing} not in the cache), "
           f"{sum(len(v) for v in samples.values())} configs\n")
     print("| model | half | class | shapes | median rho | median top-1 regret |")
     print("|---|---|---|---|---|---|")
@@ -132,6 +160,8 @@ def main() -> None:
         print("\n| shape | class | half | model | configs | rho | regret | pick | best | IREE default |")
         print("|---|---|---|---|---|---|---|---|---|---|")
         for r, label, x, ss in rows:
+            if args.details != "all" and r.shape.half != args.details:
+                continue
             print(f"| {r.shape.name} | {r.shape.shape_class} | {r.shape.half} | {label} | {len(ss)} | {x['rho']:.2f} | "
                   f"{x['regret'] * 100:.0f}% | {ss[x['pick']].measured_s * 1e3:.3f} ms | "
                   f"{min(s.measured_s for s in ss) * 1e3:.3f} ms | "

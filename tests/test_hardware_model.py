@@ -7,10 +7,13 @@ from pydantic import ValidationError
 
 from service.hardware.model import Compute, HardwareModel, MemoryLevel
 from service.hardware.profiles import (
+    HostFacts,
     UnknownHardwareError,
     detect_host_cpu,
     get_profile,
+    host_cpu_model,
     list_profiles,
+    read_host_facts,
     save_profile,
 )
 from _shared import write_cpu_sysfs
@@ -71,6 +74,25 @@ def test_host_detection_reads_sysfs(tmp_path):
     assert hw.max_vector_tile_bytes == 32 * 1024
     assert [(lv.associativity, lv.line_bytes) for lv in hw.memory_levels[1:]] == [(None, 64), (16, 64), (12, 64)]
     assert hw.compute.register_tile_rows is None  # tall tiles are priced by L1 set conflicts instead
+
+
+def test_a_hosts_facts_rebuild_its_profile_on_another_machine(tmp_path):
+    """The fidelity benchmark holds the model against another host's measurements by rebuilding
+    that host's profile from its stored facts: the rebuilt profile must be the detected one."""
+    cpu_dir, cpuinfo = write_cpu_sysfs(
+        tmp_path,
+        [(1, "Data", "32K", "0", "8"), (2, "Unified", "1024K", "0", "8"), (3, "Unified", "32768K", "0-1", "16")],
+        "processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 17\n"
+        "flags\t\t: fpu sse avx avx2 fma avx512f avx512bw\n",
+    )
+    facts = read_host_facts(cpu_dir, cpuinfo, cores=2)
+    assert facts.flags == ("avx", "avx2", "avx512f") and facts.family_model == (25, 17)
+    stored = HostFacts.from_json(facts.to_json())
+    assert stored == facts
+    rebuilt, detected = host_cpu_model(stored).model_dump(), detect_host_cpu(cpu_dir, cpuinfo, cores=2).model_dump()
+    rebuilt.pop("description"), detected.pop("description")
+    assert rebuilt == detected
+    assert host_cpu_model(stored).compute.fma_pipeline_depth == 4  # Zen 4's AVX-512 rule, from the stored family
 
 
 def test_the_vector_tile_limit_follows_the_vector_width(tmp_path):

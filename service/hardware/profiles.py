@@ -7,8 +7,10 @@ built-in of the same name.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+from dataclasses import asdict, dataclass
 from functools import cache
 from pathlib import Path
 
@@ -138,19 +140,62 @@ _HOST_EFFECTIVE_HZ = 2.0e9
 _IREE_MAX_NATIVE_VECTORS = 512
 
 
+# The cpuinfo flags the model reads (vector width); a host's facts keep only these.
+_MODEL_FLAGS = ("avx", "avx2", "avx512f")
+
+
+@dataclass(frozen=True)
+class HostFacts:
+    """What host detection reads off a machine, enough to rebuild its host-cpu profile on another
+    one: the fidelity benchmark holds the model against every host's stored measurements."""
+
+    vendor: str
+    flags: tuple[str, ...]
+    family_model: tuple[int, int] | None
+    caches: tuple[dict, ...]  # read_sys_caches' entries
+    cores: int
+    dram_bytes: int
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> HostFacts:
+        d = json.loads(text)
+        fm = d.get("family_model")
+        return cls(vendor=d["vendor"], flags=tuple(d["flags"]), family_model=tuple(fm) if fm else None,
+                   caches=tuple(d["caches"]), cores=int(d["cores"]), dram_bytes=int(d["dram_bytes"]))
+
+
+def read_host_facts(
+    cpu_dir: Path = Path("/sys/devices/system/cpu/cpu0"),
+    cpuinfo: Path = Path("/proc/cpuinfo"),
+    cores: int | None = None,
+) -> HostFacts:
+    """This machine's facts: sysfs caches, os.cpu_count() and /proc/cpuinfo."""
+    vendor, flags, family_model = read_cpuinfo(cpuinfo)
+    return HostFacts(vendor=vendor, flags=tuple(f for f in _MODEL_FLAGS if f in flags), family_model=family_model,
+                     caches=tuple(read_sys_caches(cpu_dir)), cores=cores or os.cpu_count() or 1,
+                     dram_bytes=_dram_bytes())
+
+
 def detect_host_cpu(
     cpu_dir: Path = Path("/sys/devices/system/cpu/cpu0"),
     cpuinfo: Path = Path("/proc/cpuinfo"),
     cores: int | None = None,
 ) -> HardwareModel:
     """The machine this runs on, from sysfs caches, os.cpu_count() and /proc/cpuinfo flags."""
-    cores = cores or os.cpu_count() or 1
-    caches = read_sys_caches(cpu_dir)
-    vendor, flags, family_model = read_cpuinfo(cpuinfo)
+    return host_cpu_model(read_host_facts(cpu_dir, cpuinfo, cores), cache_dir=f"{cpu_dir}/cache")
+
+
+def host_cpu_model(facts: HostFacts, cache_dir: str = "sysfs") -> HardwareModel:
+    """The host-cpu profile of a machine with these facts."""
+    cores, vendor, flags = facts.cores, facts.vendor, set(facts.flags)
     vector_width = vector_width_from_flags(flags)
     levels = [
-        MemoryLevel(name="DRAM", capacity_bytes=_dram_bytes(), bandwidth_bytes_per_s=_HOST_DRAM_BANDWIDTH, shared=True)
+        MemoryLevel(name="DRAM", capacity_bytes=facts.dram_bytes, bandwidth_bytes_per_s=_HOST_DRAM_BANDWIDTH, shared=True)
     ]
+    caches = list(facts.caches)
     if not caches:  # no sysfs: assume a small generic hierarchy
         caches = [{"level": 2, "size_bytes": 1 * MiB, "shared_cpus": 1}, {"level": 1, "size_bytes": 32 * KiB, "shared_cpus": 1}]
     for c in caches:
@@ -164,7 +209,7 @@ def detect_host_cpu(
     peak_f32 = cores * lanes_f32 * 2 * 2 * _HOST_EFFECTIVE_HZ
     return HardwareModel(
         name="host-cpu",
-        description=f"this machine: {vendor or 'unknown vendor'}, {cores} cores, {vector_width * 8}-bit vectors, caches from {cpu_dir}/cache",
+        description=f"this machine: {vendor or 'unknown vendor'}, {cores} cores, {vector_width * 8}-bit vectors, caches from {cache_dir}",
         memory_levels=levels,
         compute=Compute(
             peak_flops_per_s={"f32": peak_f32, "bf16": 2 * peak_f32, "f16": 2 * peak_f32},
@@ -172,7 +217,7 @@ def detect_host_cpu(
             cores=cores,
             # x86: 32 zmm registers with AVX-512, 16 ymm without.
             vector_registers=32 if vector_width >= 64 else 16,
-            fma_pipeline_depth=_fma_pipeline_depth(vendor, family_model, avx512="avx512f" in flags),
+            fma_pipeline_depth=_fma_pipeline_depth(vendor, facts.family_model, avx512="avx512f" in flags),
         ),
         loop_overhead_s=2e-9,
         # The out-of-order core hides most of an innermost loop's bookkeeping, not all: about
