@@ -71,6 +71,37 @@ def ranking(samples: list[Sample], predicted: list[float]) -> dict:
     return {"rho": float(rho), "regret": measured[pick] / min(measured) - 1.0, "pick": pick}
 
 
+def register_and_reduction_tile(plan: dict) -> tuple[str, int]:
+    """A three-level plan's register tile ('8x16') and reduction tile (k)."""
+    levels = plan["groups"][0]["levels"]
+    k = max(levels[2]["tile_sizes"]) if len(levels) > 2 else 0
+    reduction = [i for i, t in enumerate(levels[2]["tile_sizes"]) if t] if len(levels) > 2 else []
+    reg = [t for i, t in enumerate(levels[1]["tile_sizes"]) if i not in reduction][-2:] if len(levels) > 1 else []
+    return "x".join(map(str, reg)), k
+
+
+def print_residuals(shapes: list[tuple[ShapeMeasurements, list[float], list[Sample]]]) -> None:
+    """Per config, measured / predicted over the shape's median of that ratio (above 1: runs
+    slower than the model thinks, against the shape's other configs); geomean per group."""
+    groups: dict[tuple, list[float]] = {}
+    for r, predicted, ss in shapes:
+        ratios = [x.measured_s / p for x, p in zip(ss, predicted) if math.isfinite(p) and p > 0]
+        if len(ratios) < 3:
+            continue
+        mid = statistics.median(ratios)
+        for x, p in zip(ss, predicted):
+            if math.isfinite(p) and p > 0:
+                reg, k = register_and_reduction_tile(x.plan)
+                key = (r.shape.b_layout, r.shape.shape_class, reg, "k<16" if k < 16 else "k>=16")
+                groups.setdefault(key, []).append(x.measured_s / p / mid)
+    print("\n| B layout | class | register tile | reduction | configs | measured/predicted (geomean, shape-normalised) |")
+    print("|---|---|---|---|---|---|")
+    for key in sorted(groups):
+        xs = groups[key]
+        if len(xs) >= 3:
+            print(f"| {' | '.join(key)} | {len(xs)} | {math.exp(statistics.fmean(map(math.log, xs))):.2f} |")
+
+
 def median(xs) -> float:
     xs = [x for x in xs if not math.isnan(x)]
     return statistics.median(xs) if xs else float("nan")
@@ -105,6 +136,8 @@ def main() -> None:
     ap.add_argument("--details", nargs="?", const="all", choices=("all", "tune", "held-out"),
                     help="a row per shape (of one half: look at 'tune' only while changing the model)")
     ap.add_argument("--timing", choices=TIMINGS, default="cpu", help="see fidelity_measure.py")
+    ap.add_argument("--residuals", action="store_true",
+                    help="tune half: where the nominal model errs, per B layout, register tile and reduction tile")
     ap.add_argument("--nominal-only", action="store_true", help="skip the calibrated model (its fit takes minutes)")
     ap.add_argument("--host", default=None,
                     help="another host's stored measurements, held against the model built from that host's facts; "
@@ -142,7 +175,7 @@ def report(key: str, args: argparse.Namespace) -> None:
             continue
         for label, hw in models.items():
             predicted = [predictor.latency_s(x.workload, x.plan, hw) for x in ss]
-            rows.append((r, label, ranking(ss, predicted), ss))
+            rows.append((r, label, ranking(ss, predicted) | {"predicted": predicted}, ss))
 
     print(f"host {key}, timing {args.timing}; {len(results)} shapes measured ({missing} not in the cache), "
           f"{sum(len(v) for v in samples.values())} configs\n")
@@ -166,6 +199,8 @@ def report(key: str, args: argparse.Namespace) -> None:
                   f"{x['regret'] * 100:.0f}% | {ss[x['pick']].measured_s * 1e3:.3f} ms | "
                   f"{min(s.measured_s for s in ss) * 1e3:.3f} ms | "
                   + (f"{r.default_s * 1e3:.3f} ms |" if r.default_s else "failed |"))
+    if args.residuals:
+        print_residuals([(r, x["predicted"], ss) for r, lab, x, ss in rows if lab == "nominal" and r.shape.half == "tune"])
     if args.search:
         print("\n| held-out shape | class | search pick vs IREE default (measured) |")
         print("|---|---|---|")
