@@ -84,14 +84,16 @@ _GATHER_CYCLES_PER_ELEMENT = 2.0
 def _transpose_efficiency(c: Compute, acc: int, n_vecs: int, k: int, hw: HardwareModel) -> float:
     """B contiguous along k: per reduction tile, its [n, k] tile is transposed into k rows of n
     in registers (k >= lanes: log2(lanes) shuffles per vector of B) or gathered element by
-    element (k < lanes). The FMA units wait when that takes longer than the tile's FMAs."""
+    element (k < lanes).
+    - Shuffles share their issue port with an FMA unit (port 5 on Intel AVX-512; Zen 4 issues
+      both from its FP pipes), so their cycles add to the FMAs'.
+    - The gather's loads and inserts overlap the FMAs: they slow the step only when longer."""
     lanes = _lanes(c, hw)
     fma_cycles = acc * k / _FMAS_PER_CYCLE
     if k >= lanes:
-        b_cycles = n_vecs * k * math.log2(lanes) / _SHUFFLES_PER_CYCLE
-    else:
-        b_cycles = n_vecs * lanes * k * _GATHER_CYCLES_PER_ELEMENT
-    return min(1.0, fma_cycles / b_cycles) if b_cycles else 1.0
+        return fma_cycles / (fma_cycles + n_vecs * k * math.log2(lanes) / _SHUFFLES_PER_CYCLE)
+    gather_cycles = n_vecs * lanes * k * _GATHER_CYCLES_PER_ELEMENT
+    return min(1.0, fma_cycles / gather_cycles) if gather_cycles else 1.0
 
 
 # A register tile row longer than a vector and not a whole number of vectors (24 or 49 f32
