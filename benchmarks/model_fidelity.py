@@ -108,10 +108,12 @@ def median(xs) -> float:
 
 
 def search_vs_default(s: Shape, hardware: HardwareModel, budget: int, cache: MeasurementCache,
-                      timing: str) -> float | None:
-    """IREE's default time / the search's pick's time, measured paired (None: not measurable)."""
+                      timing: str, iree_default: dict | None = None) -> float | None:
+    """IREE's default time / the search's pick's time, measured paired (None: not measurable).
+    iree_default: IREE's own config as a plan, a warm start (as `model tune` gives each dispatch)."""
     text = module_text(s)
-    result = tune(text, hardware, budget=budget, seed=0, workers=1)
+    result = tune(text, hardware, budget=budget, seed=0, workers=1,
+                  warm_start_plans=[iree_default] if iree_default else None)
     plan = result.plan
     if not plan.get("groups"):  # the search left the op untiled: IREE compiles its own config
         return 1.0
@@ -131,8 +133,11 @@ def search_vs_default(s: Shape, hardware: HardwareModel, budget: int, cache: Mea
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--measure", action="store_true", help="measure shapes missing from this host's cache")
-    ap.add_argument("--search", action="store_true", help="measure the search's pick on held-out shapes")
+    ap.add_argument("--search", nargs="?", const="held-out", choices=("held-out", "tune"),
+                    help="measure the search's pick on the held-out shapes (or on the tune half, to diagnose)")
     ap.add_argument("--budget", type=int, default=200)
+    ap.add_argument("--from-iree-default", action="store_true",
+                    help="--search starts from IREE's own config, as `model tune` does for each dispatch")
     ap.add_argument("--details", nargs="?", const="all", choices=("all", "tune", "held-out"),
                     help="a row per shape (of one half: look at 'tune' only while changing the model)")
     ap.add_argument("--timing", choices=TIMINGS, default="cpu", help="see fidelity_measure.py")
@@ -202,20 +207,21 @@ def report(key: str, args: argparse.Namespace) -> None:
     if args.residuals:
         print_residuals([(r, x["predicted"], ss) for r, lab, x, ss in rows if lab == "nominal" and r.shape.half == "tune"])
     if args.search:
-        print("\n| held-out shape | class | search pick vs IREE default (measured) |")
+        print(f"\n| {args.search} shape | class | search pick vs IREE default (measured) |")
         print("|---|---|---|")
         ratios = []
         for r in results:
-            if r.shape.half != "held-out":
+            if r.shape.half != args.search:
                 continue
-            ratio = search_vs_default(r.shape, profile, args.budget, cache, args.timing)
+            ratio = search_vs_default(r.shape, profile, args.budget, cache, args.timing,
+                                      r.default_plan if args.from_iree_default else None)
             if ratio:
                 ratios.append(ratio)
             print(f"| {r.shape.name} | {r.shape.shape_class} | " + (f"{ratio:.2f}x |" if ratio else "not measurable |"),
                   flush=True)
         if ratios:
             print(f"\nsearch pick vs default: geomean {math.exp(statistics.fmean(map(math.log, ratios))):.2f}x, "
-                  f"min {min(ratios):.2f}x over {len(ratios)} held-out shapes")
+                  f"min {min(ratios):.2f}x over {len(ratios)} {args.search} shapes")
 
 
 if __name__ == "__main__":
