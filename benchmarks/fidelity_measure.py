@@ -54,9 +54,7 @@ def host_facts_path(key: str) -> Path:
 
 
 def host_profile(key: str) -> HardwareModel:
-    """The host-cpu profile of host `key` as this code builds it from that host's facts."""
-    if key == host_key():
-        return host_cpu_model(read_host_facts())
+    """The host-cpu profile of host `key` as this code builds it from that host's stored facts."""
     path = host_facts_path(key)
     if not path.exists():
         raise SystemExit(f"no facts for host {key}: {path} is missing")

@@ -160,7 +160,7 @@ def main() -> None:
 
 def report(key: str, args: argparse.Namespace) -> None:
     cache = host_cache(key)
-    profile = host_profile(key) if key != host_key() else get_profile("host-cpu")
+    profile = get_profile("host-cpu") if key == host_key() else host_profile(key)
     lanes_f32 = profile.compute.vector_width_bytes // 4
     results = [r for r in (measure_shape(s, cache, measure=args.measure, timing=args.timing, lanes_f32=lanes_f32)
                            for s in corpus()) if r is not None]

@@ -1,6 +1,7 @@
 """HardwareModel validation, profiles, host detection from sysfs."""
 
 import json
+from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
@@ -161,3 +162,16 @@ def test_content_hash_follows_the_fields_through_copies():
     assert changed.content_hash() != before
     assert changed.content_hash() == HardwareModel.model_validate_json(changed.canonical_json()).content_hash()
     assert npu.model_copy().content_hash() == before == npu.content_hash()
+
+
+def test_every_measured_host_keeps_the_facts_that_rebuild_its_profile():
+    """benchmarks/model_fidelity.py --host all holds the model against every CPU measured so
+    far; a host's measurements without its facts could only be read on that CPU again."""
+    measurements = Path(__file__).resolve().parents[1] / "benchmarks" / "measurements"
+    hosts = sorted(p.stem for p in measurements.glob("*.jsonl"))
+    assert hosts
+    for key in hosts:
+        facts = HostFacts.from_json((measurements / f"{key}.host.json").read_text())
+        vendor, family, model = key.split("-")[:3]
+        assert (facts.vendor, f"f{facts.family_model[0]}", f"m{facts.family_model[1]}") == (vendor, family, model)
+        assert host_cpu_model(facts).memory_levels[-1].name == "L1"
