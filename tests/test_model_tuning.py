@@ -83,6 +83,10 @@ def test_bench_counts_the_dispatches_a_spec_changed_and_refuses_a_spec_that_chan
     assert run.exit_code == 2
     assert "the spec spec.mlir changed the config of none of softmax.mlir's 1 dispatches" in run.output
     assert not re.search(r"\d\.\d\dx", run.output)  # no ratio printed
+    # Whole-model times move between runs: the spread is printed beside the medians.
+    run = CliRunner().invoke(app, ["model", "bench", str(MLP), "--spec", report.spec, "--rounds", "2"])
+    assert run.exit_code == 0, run.output
+    assert len(re.findall(r"middle half \d+\.\d+-\d+\.\d+ ms", run.output)) == 2
     # A spec IREE cannot read is named as the culprit, not the model.
     broken = tmp_path / "broken.mlir"
     broken.write_text("this is not a spec")
@@ -97,6 +101,10 @@ def test_tune_refuses_a_directory_as_spec_out_and_removes_an_older_spec_when_it_
 
     run = CliRunner().invoke(app, ["model", "tune", str(MLP), "--no-store", "--spec-out", str(tmp_path)])
     assert run.exit_code == 2 and "is a directory" in run.output
+    # IREE compiles and checks the spec for this CPU: a GPU profile is refused before any work.
+    run = CliRunner().invoke(app, ["model", "tune", str(MLP), "--no-store", "--hardware", "gpu-h100",
+                                   "--spec-out", str(tmp_path / "spec.mlir")])
+    assert run.exit_code == 2 and "not a CPU profile" in run.output
     model = tmp_path / "softmax.mlir"
     model.write_text(SOFTMAX_MODEL)
     older = tmp_path / "spec.mlir"
@@ -104,6 +112,7 @@ def test_tune_refuses_a_directory_as_spec_out_and_removes_an_older_spec_when_it_
     run = CliRunner().invoke(app, ["model", "tune", str(model), "--no-store", "--spec-out", str(older)])
     assert run.exit_code == 0, run.output
     assert not older.exists() and "removed the older" in run.output
+    assert re.search(r"tuned in \d+\.\d s", run.output)
 
 
 GEMV = """

@@ -40,6 +40,10 @@ def model_tune_cmd(
         hw = get_profile(hardware)
     except UnknownHardwareError as exc:
         raise _ir_failure(exc) from None
+    if hw.compute.vector_registers is None:  # the spec is compiled and checked by IREE's llvm-cpu backend, here
+        typer.echo(f"error: --hardware {hardware} is not a CPU profile: `model tune` compiles the model for this "
+                   f"CPU with IREE and checks the spec there; use host-cpu (or a profile calibrated from it)", err=True)
+        raise typer.Exit(2)
     if not spec_out.parent.is_dir():  # before minutes of tuning, not after
         typer.echo(f"error: --spec-out {spec_out}: directory {spec_out.parent} does not exist", err=True)
         raise typer.Exit(2)
@@ -81,9 +85,10 @@ def model_tune_cmd(
         table.add_row(d.name, str(d.weight), d.root_op or "-", "yes" if d.tuned else "no", _ms(d.predicted_s),
                       _ms(d.iree_default_predicted_s), d.reason or "")
     Console(width=max(Console().width, 160)).print(table)
+    typer.echo(f"tuned in {report.elapsed_s:.1f} s")
     if report.spec:
-        typer.echo(f"wrote {report.spec} (IREE applied it to every tuned dispatch: {report.verified}); "
-                   f"predicted {report.predicted_total_s * 1e3:.3f} ms for the tuned dispatches")
+        checked = "IREE applied it to every tuned dispatch" if report.verified else "not checked against IREE's configurations"
+        typer.echo(f"wrote {report.spec} ({checked}); predicted {report.predicted_total_s * 1e3:.3f} ms for the tuned dispatches")
     else:
         if any(d.predicted_s is not None for d in report.dispatches):
             typer.echo("no tuned config beat IREE's default (the reasons above): no spec written, IREE's own configs stand")
@@ -95,7 +100,7 @@ def model_tune_cmd(
         typer.echo(f"measured inside the model (all dispatches per run): IREE's default "
                    f"{report.iree_default_measured_model_s * 1e3:.3f} ms, with the spec {report.measured_model_s * 1e3:.3f} ms")
     if run_id is not None:
-        typer.echo(f"stored as model run {run_id} (tilesearch model spec {run_id} -o spec.mlir)")
+        typer.echo(f"stored as model run {run_id}" + (f" (tilesearch model spec {run_id} -o spec.mlir)" if report.spec else ""))
 
 
 def _ms(seconds: float | None) -> str:
@@ -109,7 +114,8 @@ def _store_sessions():
 
     ready, why = check_ready(default_engine())
     if not ready:
-        typer.echo(f"error: the store is not ready ({why}): run `tilesearch db upgrade`, or pass --no-store", err=True)
+        hint = "" if "tilesearch db upgrade" in why else ": run `tilesearch db upgrade`"
+        typer.echo(f"error: the store is not ready ({why}){hint}, or pass --no-store", err=True)
         raise typer.Exit(2)
     return default_sessionmaker()
 
@@ -135,8 +141,9 @@ def model_runs_cmd(
         return
     for r in runs:
         tuned = sum(d.tuned for d in r.dispatches)
+        predicted = f"predicted {r.predicted_total_s * 1e3:.3f} ms" if tuned else "nothing tuned"
         typer.echo(f"{r.id:>5}  {r.created_at:%Y-%m-%d %H:%M:%S}  {r.name}  {r.hardware}  {tuned}/{len(r.dispatches)} "
-                   f"tuned  predicted {r.predicted_total_s * 1e3:.3f} ms  {'spec' if r.has_spec else 'no spec'}")
+                   f"tuned  {predicted}  {r.elapsed_s:.1f} s  {'spec' if r.has_spec else 'no spec'}")
 
 
 @model_app.command("spec")
@@ -183,7 +190,30 @@ def model_bench_cmd(
     if as_json:
         typer.echo(result.model_dump_json(indent=2))
         return
-    typer.echo(f"{file.name}: IREE default {result.default_median_s * 1e3:.3f} ms, with the spec "
-               f"{result.tuned_median_s * 1e3:.3f} ms (median wall time of {len(result.default_samples_s)} runs each, "
-               f"{rounds} interleaved rounds): {result.speedup:.2f}x; the spec changed "
-               f"{result.dispatches_changed} of {result.dispatches} dispatches")
+    default_q, tuned_q = _quartiles(result.default_samples_s), _quartiles(result.tuned_samples_s)
+    typer.echo(f"{file.name}{f' @{function}' if function else ''}: IREE default {result.default_median_s * 1e3:.3f} ms "
+               f"(middle half {default_q}), with the spec {result.tuned_median_s * 1e3:.3f} ms (middle half {tuned_q}); "
+               f"median wall time of {len(result.default_samples_s)} runs each, {rounds} interleaved rounds: "
+               f"{result.speedup:.2f}x; the spec changed {result.dispatches_changed} of {result.dispatches} dispatches")
+    if _overlap(result.default_samples_s, result.tuned_samples_s):
+        typer.echo("the two builds' middle halves overlap: the difference is within this machine's noise "
+                   "(more --rounds, or a quieter machine)")
+
+
+def _middle_half(samples: list[float]) -> tuple[float, float]:
+    import statistics
+
+    if len(samples) < 2:
+        return samples[0], samples[0]
+    q = statistics.quantiles(samples, n=4)
+    return q[0], q[2]
+
+
+def _quartiles(samples: list[float]) -> str:
+    lo, hi = _middle_half(samples)
+    return f"{lo * 1e3:.3f}-{hi * 1e3:.3f} ms"
+
+
+def _overlap(a: list[float], b: list[float]) -> bool:
+    (a_lo, a_hi), (b_lo, b_hi) = _middle_half(a), _middle_half(b)
+    return a_lo <= b_hi and b_lo <= a_hi

@@ -106,7 +106,8 @@ def as_tensor_function(dispatch_function: ir.Operation) -> tuple[ir.Module, str 
         del clone.attributes[name]
     left = sorted({op.name for op in _ops(block) if op.name.startswith(("hal.", "iree_tensor_ext."))})
     if left:
-        return module, f"dynamic: the dispatch reads sizes or offsets at run time ({', '.join(left)})"
+        return module, (f"dynamic: the dispatch reads sizes or offsets at run time ({', '.join(left)}); "
+                        "export the model with static shapes to tune it")
     if not stored:
         return module, "writes no tensor"
     if not module.operation.verify():

@@ -133,6 +133,7 @@ class ModelTuneReport(BaseModel):
                                                      "measured_s", "iree_default_measured_s"})
                                for d in self.dispatches],
                 "spec": self.spec, "predicted_total_s": self.predicted_total_s, "verified": self.verified,
+                "elapsed_s": self.elapsed_s,
                 "iree_default_measured_model_s": self.iree_default_measured_model_s,
                 "measured_model_s": self.measured_model_s}
 
@@ -539,9 +540,9 @@ def _withdraw(reports: list[DispatchReport], searches: list[DispatchSearch], mat
               measured: tuple[float, float]) -> None:
     """The spec made the whole model no faster, measured: nothing ships (every tuned dispatch is
     left to IREE, the spec is removed)."""
+    why = "a tuned dispatch can slow the ones that read its output" if len(reports) > 1 else "the whole run is what ships"
     reason = (f"the whole model measured no faster with the spec: {measured[1] * 1e3:.3f} ms against IREE's default "
-              f"{measured[0] * 1e3:.3f} ms per run, all dispatches (a tuned dispatch can slow the ones that read its "
-              "output): IREE's own config is kept")
+              f"{measured[0] * 1e3:.3f} ms per run, all dispatches ({why}): IREE's own config is kept")
     for report in reports:
         if report.tuned:
             report.tuned, report.config, report.reason = False, None, reason
