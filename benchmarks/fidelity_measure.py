@@ -57,7 +57,8 @@ def host_profile(key: str) -> HardwareModel:
     """The host-cpu profile of host `key` as this code builds it from that host's stored facts."""
     path = host_facts_path(key)
     if not path.exists():
-        raise SystemExit(f"no facts for host {key}: {path} is missing")
+        known = ", ".join(sorted(p.name.removesuffix(".host.json") for p in CACHE_DIR.glob("*.host.json")))
+        raise SystemExit(f"no facts for host {key} ({path.name} is missing); measured hosts: {known}")
     return host_cpu_model(HostFacts.from_json(path.read_text()))
 
 

@@ -135,7 +135,7 @@ def main() -> None:
     ap.add_argument("--measure", action="store_true", help="measure shapes missing from this host's cache")
     ap.add_argument("--search", nargs="?", const="held-out", choices=("held-out", "tune"),
                     help="measure the search's pick on the held-out shapes (or on the tune half, to diagnose)")
-    ap.add_argument("--budget", type=int, default=200)
+    ap.add_argument("--budget", type=int, default=200, help="--search: plans the search evaluates per shape")
     ap.add_argument("--from-iree-default", action="store_true",
                     help="--search starts from IREE's own config, as `model tune` does for each dispatch")
     ap.add_argument("--details", nargs="?", const="all", choices=("all", "tune", "held-out"),
@@ -152,7 +152,7 @@ def main() -> None:
     if args.host == "all":
         hosts = sorted(p.name.removesuffix(".host.json") for p in CACHE_DIR.glob("*.host.json"))
     if (args.measure or args.search) and hosts != [host_key()]:
-        ap.error("--measure and --search measure on this host only")
+        ap.error(f"{'--measure' if args.measure else '--search'} measures on this host ({host_key()}) only")
     for key in hosts:
         report(key, args)
         print()
