@@ -190,7 +190,7 @@ def model_bench_cmd(
     if as_json:
         typer.echo(result.model_dump_json(indent=2))
         return
-    default_q, tuned_q = _quartiles(result.default_samples_s), _quartiles(result.tuned_samples_s)
+    default_q, tuned_q = _middle_half_ms(result.default_samples_s), _middle_half_ms(result.tuned_samples_s)
     typer.echo(f"{file.name}{f' @{function}' if function else ''}: IREE default {result.default_median_s * 1e3:.3f} ms "
                f"(middle half {default_q}), with the spec {result.tuned_median_s * 1e3:.3f} ms (middle half {tuned_q}); "
                f"median wall time of {len(result.default_samples_s)} runs each, {rounds} interleaved rounds: "
@@ -209,7 +209,7 @@ def _middle_half(samples: list[float]) -> tuple[float, float]:
     return q[0], q[2]
 
 
-def _quartiles(samples: list[float]) -> str:
+def _middle_half_ms(samples: list[float]) -> str:
     lo, hi = _middle_half(samples)
     return f"{lo * 1e3:.3f}-{hi * 1e3:.3f} ms"
 
