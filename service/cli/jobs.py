@@ -37,7 +37,7 @@ def _job_client(server: str, token: str | None):
 
 @job_app.command("submit")
 def job_submit_cmd(
-    path: Path = typer.Argument(..., exists=True, metavar="MODEL.mlir|DIR", help="a model (MLIR file: its dispatches are the items) or a "
+    path: Path = typer.Argument(..., exists=True, metavar="MODEL.mlir|MODEL.onnx|DIR", help="a model (MLIR or ONNX file: its dispatches are the items) or a "
                                                       "directory of modules (*.mlir: each file one item)"),
     hardware: str = typer.Option(..., "--hardware", help="hardware profile name"),
     budget: int = typer.Option(64, "--budget", min=1, help="plans to evaluate per item"),
@@ -54,11 +54,27 @@ def job_submit_cmd(
             raise _ir_failure(f"{path} holds no *.mlir file")
         body["items"] = [{"name": f.stem, "module": _read_text(f)} for f in files]
     else:
-        body["model"] = _read_text(path)
+        body["model"] = _model_text(path)
     with server_errors(server), _job_client(server, token) as client:
         answer = client.submit_job(body)
     typer.echo(f"job {answer['id']}: {answer['state']}, {answer['items']['total']} items", err=True)
     typer.echo(answer["id"])
+
+
+def _model_text(path: Path) -> str:
+    """A model file as the MLIR text the server takes: ONNX is imported here, with IREE's importer."""
+    if path.suffix.lower() != ".onnx":
+        return _read_text(path)
+    import tempfile
+
+    from service.measure.tools import ToolFailure
+    from service.measure.whole_model import iree_input
+
+    with tempfile.TemporaryDirectory(prefix="tilesearch-import-") as tmp:
+        try:
+            return iree_input(path, Path(tmp)).read_text()
+        except ToolFailure as failure:
+            raise _ir_failure(f"IREE cannot import {path.name}: {failure.line}") from None
 
 
 @job_app.command("watch")

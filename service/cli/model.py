@@ -14,7 +14,7 @@ model_app = typer.Typer(help="Whole models: IREE's dispatches in, one tuning spe
 
 @model_app.command("tune")
 def model_tune_cmd(
-    file: Path = typer.Argument(..., exists=True, dir_okay=False, metavar="MODEL.mlir", help="a whole model IREE takes (linalg, torch, ...)"),
+    file: Path = typer.Argument(..., exists=True, dir_okay=False, metavar="MODEL.mlir|MODEL.onnx", help="a whole model IREE takes (linalg, torch, ...; ONNX is imported with iree-import-onnx)"),
     hardware: str = typer.Option("host-cpu", "--hardware", help="hardware profile name"),
     spec_out: Path = typer.Option(..., "--spec-out", help="write the IREE tuning spec here"),
     budget: int | None = typer.Option(None, "--budget", min=1, help="plans to evaluate over the whole model (default 64 per tunable dispatch)"),
@@ -173,7 +173,7 @@ def model_spec_cmd(
 
 @model_app.command("bench")
 def model_bench_cmd(
-    file: Path = typer.Argument(..., exists=True, dir_okay=False, metavar="MODEL.mlir", help="the model the spec was tuned for"),
+    file: Path = typer.Argument(..., exists=True, dir_okay=False, metavar="MODEL.mlir|MODEL.onnx", help="the model the spec was tuned for"),
     spec: Path = typer.Option(..., "--spec", exists=True, dir_okay=False, help="IREE tuning spec"),
     rounds: int = typer.Option(5, "--rounds", min=1, help="interleaved rounds of both builds"),
     function: str | None = typer.Option(None, "--function", help="the function to run (default: the model's one public function)"),

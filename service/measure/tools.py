@@ -60,6 +60,8 @@ class ToolFailure(Exception):
 
 def first_error_line(stderr: str) -> str:
     lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
+    if lines and any(ln.startswith("Traceback (most recent call last)") for ln in lines):
+        return lines[-1]  # a Python tool (iree-import-onnx) that raised: the exception is last
     for ln in lines:
         if "error:" in ln or "ERROR" in ln or "INVALID_ARGUMENT" in ln:
             return ln

@@ -22,6 +22,17 @@ from .tools import BENCH_DEVICE, HOST_COMPILE_FLAGS, ToolFailure, benchmark_modu
 _STRUCTURED_PREFIX = "linalg."
 
 
+def iree_input(model: Path, workdir: Path, timeout_s: float = 300.0) -> Path:
+    """The model as a file iree-compile takes: an ONNX model (.onnx) imported to MLIR's torch
+    dialect by IREE's own iree-import-onnx (into `workdir`, named after the model); anything
+    else as it is. Raises ToolFailure with the importer's reason when it refuses the file."""
+    if model.suffix.lower() != ".onnx":
+        return model
+    out = workdir / f"{model.name}.mlir"
+    run_tool("iree-import-onnx", [str(model), "-o", str(out)], timeout_s)
+    return out
+
+
 def executable_sources(model: Path, out: Path, timeout_s: float = 300.0) -> str:
     """The model's host program and one hal.executable per unique dispatch, as IREE forms them
     for this CPU (any input IREE takes: linalg, torch, ...)."""

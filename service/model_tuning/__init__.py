@@ -1,5 +1,7 @@
-"""Whole models: IREE's dispatches in, one tuning spec out (see tune.py)."""
+"""Whole models: IREE's dispatches in, one tuning spec out (see tune.py; bench.py times a spec)."""
 
-from .tune import DispatchReport, ModelInputError, ModelTuneReport, SpecNotApplied, bench_model, tune_model
+from .bench import ModelBenchmark, bench_model
+from .tune import DispatchReport, ModelInputError, ModelTuneReport, SpecNotApplied, tune_model
 
-__all__ = ["DispatchReport", "ModelInputError", "ModelTuneReport", "SpecNotApplied", "bench_model", "tune_model"]
+__all__ = ["DispatchReport", "ModelBenchmark", "ModelInputError", "ModelTuneReport", "SpecNotApplied", "bench_model",
+           "tune_model"]

@@ -47,8 +47,8 @@ from service.measure.whole_model import (
     entry_function,
     executable_sources,
     input_program,
+    iree_input,
     model_arguments,
-    time_models,
 )
 from service.search.engine import tune
 from service.search.refine import MeasuredPlan, Refinement, top_plans, with_measured_choice
@@ -428,6 +428,10 @@ def tune_model(model: Path, hardware: HardwareModel, spec_out: Path, *, budget: 
     with tempfile.TemporaryDirectory(prefix="tilesearch-model-") as tmp:
         workdir = Path(tmp)
         try:
+            model = iree_input(model, workdir)
+        except ToolFailure as failure:
+            raise ModelInputError(f"IREE cannot import {model.name}: {failure.line}") from None
+        try:
             sources = executable_sources(model, workdir / "sources.mlir")
         except ToolFailure as failure:
             raise ModelInputError(f"IREE cannot compile {model.name}: {failure.line}") from None
@@ -549,50 +553,3 @@ def _withdraw(reports: list[DispatchReport], searches: list[DispatchSearch], mat
     searches.clear()
     matchers.clear()
     spec_out.unlink(missing_ok=True)
-
-
-class ModelBenchmark(BaseModel):
-    model: str
-    spec: str
-    default_median_s: float
-    tuned_median_s: float
-    speedup: float
-    default_samples_s: list[float]
-    tuned_samples_s: list[float]
-    dispatches: int  # dispatch functions of the model
-    dispatches_changed: int  # of them, those whose ops the spec compiled with other configs (at least one)
-
-
-def bench_model(model: Path, spec: Path, *, rounds: int = 5, function: str | None = None) -> ModelBenchmark:
-    """Whole-model wall time with and without the spec, interleaved rounds on this CPU; run by
-    `function`, by default the model's one public function."""
-    with tempfile.TemporaryDirectory(prefix="tilesearch-bench-") as tmp:
-        workdir = Path(tmp)
-        try:
-            program = input_program(model, workdir / "input.mlir")
-        except ToolFailure as failure:
-            raise ModelInputError(f"IREE cannot compile {model.name}: {failure.line}") from None
-        try:
-            function = function or entry_function(program)
-            arguments = model_arguments(program, function)
-        except ToolFailure as failure:
-            raise ModelInputError(f"cannot run {model.name}: {failure.line}") from None
-        try:
-            compile_model(model, workdir / "default.vmfb", workdir / "default_configs")
-        except ToolFailure as failure:
-            raise ModelInputError(f"IREE cannot compile {model.name}: {failure.line}") from None
-        try:
-            compile_model(model, workdir / "tuned.vmfb", workdir / "tuned_configs", spec=spec)
-        except ToolFailure as failure:
-            raise ModelInputError(f"IREE cannot compile {model.name} with the spec {spec.name}: {failure.line}") from None
-        default, tuned = dispatch_configs(workdir / "default_configs"), dispatch_configs(workdir / "tuned_configs")
-        changed = sum(1 for name, c in default.items() if tuned.get(name) != c)
-        if not changed:
-            raise ModelInputError(f"the spec {spec.name} changed the config of none of {model.name}'s {len(default)} "
-                                  "dispatches (was it tuned for this model?): two identical builds, nothing to time")
-        flags = write_inputs(arguments, workdir)
-        timing = time_models(workdir / "default.vmfb", workdir / "tuned.vmfb", flags, function=function, rounds=rounds)
-    return ModelBenchmark(model=str(model), spec=str(spec), default_median_s=statistics.median(timing.default_s),
-                          tuned_median_s=statistics.median(timing.tuned_s), speedup=timing.speedup,
-                          default_samples_s=timing.default_s, tuned_samples_s=timing.tuned_s,
-                          dispatches=len(default), dispatches_changed=changed)

@@ -1,0 +1,75 @@
+"""`model bench`: a whole model timed with and without a tuning spec on this CPU."""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from service.measure.forcing import write_inputs
+from service.measure.tools import ToolFailure
+from service.measure.whole_model import (
+    compile_model,
+    dispatch_configs,
+    entry_function,
+    input_program,
+    iree_input,
+    model_arguments,
+    time_models,
+)
+
+from .tune import ModelInputError
+
+
+class ModelBenchmark(BaseModel):
+    model: str
+    spec: str
+    default_median_s: float
+    tuned_median_s: float
+    speedup: float
+    default_samples_s: list[float]
+    tuned_samples_s: list[float]
+    dispatches: int  # dispatch functions of the model
+    dispatches_changed: int  # of them, those whose ops the spec compiled with other configs (at least one)
+
+
+def bench_model(model: Path, spec: Path, *, rounds: int = 5, function: str | None = None) -> ModelBenchmark:
+    """Whole-model wall time with and without the spec, interleaved rounds on this CPU; run by
+    `function`, by default the model's one public function."""
+    with tempfile.TemporaryDirectory(prefix="tilesearch-bench-") as tmp:
+        workdir = Path(tmp)
+        source = model
+        try:
+            model = iree_input(model, workdir)
+        except ToolFailure as failure:
+            raise ModelInputError(f"IREE cannot import {model.name}: {failure.line}") from None
+        try:
+            program = input_program(model, workdir / "input.mlir")
+        except ToolFailure as failure:
+            raise ModelInputError(f"IREE cannot compile {model.name}: {failure.line}") from None
+        try:
+            function = function or entry_function(program)
+            arguments = model_arguments(program, function)
+        except ToolFailure as failure:
+            raise ModelInputError(f"cannot run {model.name}: {failure.line}") from None
+        try:
+            compile_model(model, workdir / "default.vmfb", workdir / "default_configs")
+        except ToolFailure as failure:
+            raise ModelInputError(f"IREE cannot compile {model.name}: {failure.line}") from None
+        try:
+            compile_model(model, workdir / "tuned.vmfb", workdir / "tuned_configs", spec=spec)
+        except ToolFailure as failure:
+            raise ModelInputError(f"IREE cannot compile {model.name} with the spec {spec.name}: {failure.line}") from None
+        default, tuned = dispatch_configs(workdir / "default_configs"), dispatch_configs(workdir / "tuned_configs")
+        changed = sum(1 for name, c in default.items() if tuned.get(name) != c)
+        if not changed:
+            raise ModelInputError(f"the spec {spec.name} changed the config of none of {model.name}'s {len(default)} "
+                                  "dispatches (was it tuned for this model?): two identical builds, nothing to time")
+        flags = write_inputs(arguments, workdir)
+        timing = time_models(workdir / "default.vmfb", workdir / "tuned.vmfb", flags, function=function, rounds=rounds)
+    return ModelBenchmark(model=str(source), spec=str(spec), default_median_s=statistics.median(timing.default_s),
+                          tuned_median_s=statistics.median(timing.tuned_s), speedup=timing.speedup,
+                          default_samples_s=timing.default_s, tuned_samples_s=timing.tuned_s,
+                          dispatches=len(default), dispatches_changed=changed)
