@@ -15,12 +15,11 @@ from service.measure.whole_model import (
     dispatch_configs,
     entry_function,
     input_program,
-    iree_input,
     model_arguments,
     time_models,
 )
 
-from .tune import ModelInputError
+from .tune import ModelInputError, importable_model
 
 
 class ModelBenchmark(BaseModel):
@@ -41,10 +40,7 @@ def bench_model(model: Path, spec: Path, *, rounds: int = 5, function: str | Non
     with tempfile.TemporaryDirectory(prefix="tilesearch-bench-") as tmp:
         workdir = Path(tmp)
         source = model
-        try:
-            model = iree_input(model, workdir)
-        except ToolFailure as failure:
-            raise ModelInputError(f"IREE cannot import {model.name}: {failure.line}") from None
+        model = importable_model(model, workdir)
         try:
             program = input_program(model, workdir / "input.mlir")
         except ToolFailure as failure:

@@ -68,6 +68,15 @@ class ModelInputError(Exception):
     """The input is not a model IREE can form dispatches for; the message says what to fix."""
 
 
+def importable_model(model: Path, workdir: Path) -> Path:
+    """`model` as iree-compile takes it (ONNX imported into `workdir`); ModelInputError with the
+    importer's reason when it refuses the file."""
+    try:
+        return iree_input(model, workdir)
+    except ToolFailure as failure:
+        raise ModelInputError(f"IREE cannot import {model.name}: {failure.line}") from None
+
+
 class SpecNotApplied(Exception):
     """IREE did not give a dispatch the config the spec carries: the spec must not ship."""
 
@@ -427,10 +436,7 @@ def tune_model(model: Path, hardware: HardwareModel, spec_out: Path, *, budget: 
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="tilesearch-model-") as tmp:
         workdir = Path(tmp)
-        try:
-            model = iree_input(model, workdir)
-        except ToolFailure as failure:
-            raise ModelInputError(f"IREE cannot import {model.name}: {failure.line}") from None
+        model = importable_model(model, workdir)
         try:
             sources = executable_sources(model, workdir / "sources.mlir")
         except ToolFailure as failure:
