@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 from service.cli import app
 from service.hardware.profiles import get_profile
 from service.measure.tools import first_error_line
-from service.model_tuning import ModelInputError, tune_model
+from service.model_tuning import ModelInputError, bench_model, tune_model
 
 pytestmark = pytest.mark.slow
 
@@ -62,3 +62,33 @@ def test_a_python_tools_error_line_is_its_exception_not_the_traceback_header():
               "google.protobuf.message.DecodeError: Error parsing message\n")
     assert first_error_line(stderr) == "google.protobuf.message.DecodeError: Error parsing message"
     assert first_error_line("note: a\nerror: b\n") == "error: b"
+
+
+def test_a_binary_model_under_an_mlir_name_is_a_clear_error_not_a_crash(tmp_path):
+    # iree-compile echoes the file's bytes in its diagnostics: they are not UTF-8.
+    model = tmp_path / "weights.mlir"
+    model.write_bytes(bytes(range(128, 256)) * 8)
+    with pytest.raises(ModelInputError, match="IREE cannot compile weights.mlir"):
+        tune_model(model, get_profile("host-cpu"), tmp_path / "spec.mlir", budget=8)
+
+
+@pytest.mark.parametrize("name, content, message", [
+    ("build.py", b"import onnx\n", r"build.py: a model is MLIR \(.mlir, .mlirbc\) or ONNX \(.onnx\)"),
+    ("empty.onnx", b"", "empty.onnx is empty"),
+])
+def test_a_file_that_cannot_be_a_model_is_refused_before_iree_sees_it(tmp_path, name, content, message):
+    model = tmp_path / name
+    model.write_bytes(content)
+    with pytest.raises(ModelInputError, match=message):
+        tune_model(model, get_profile("host-cpu"), tmp_path / "spec.mlir", budget=8)
+
+
+def test_bench_names_the_onnx_model_the_user_gave_not_the_imported_file(tmp_path):
+    model = _onnx_mlp(tmp_path / "mlp.onnx")
+    other = tmp_path / "other.mlir"  # a spec that matches nothing in the model
+    other.write_text('module attributes {transform.with_named_sequence} {\n'
+                     '  transform.named_sequence @__kernel_config(%arg0: !transform.any_op {transform.consumed}) '
+                     '-> !transform.any_op attributes {iree_codegen.tuning_spec_entrypoint} {\n'
+                     '    transform.yield %arg0 : !transform.any_op\n  }\n}\n')
+    with pytest.raises(ModelInputError, match="none of mlp.onnx's 2 dispatches"):
+        bench_model(model, other, rounds=1)

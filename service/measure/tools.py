@@ -91,9 +91,10 @@ def run_tool(tool: str, args: Sequence[str], timeout_s: float) -> str:
     if check is not None:
         check()
     # A session of its own (so a process group to kill, and no controlling terminal whose job
-    # control could stop it): a stop or a timeout kills whatever the tool started too.
+    # control could stop it): a stop or a timeout kills whatever the tool started too. Output is
+    # decoded leniently: iree-compile echoes the bytes of a binary file it was given.
     proc = subprocess.Popen([tool_path(tool), *args], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+                            stderr=subprocess.PIPE, text=True, errors="replace", start_new_session=True)
     deadline = time.monotonic() + timeout_s
     try:
         while True:

@@ -24,11 +24,13 @@ _STRUCTURED_PREFIX = "linalg."
 
 def iree_input(model: Path, workdir: Path, timeout_s: float = 300.0) -> Path:
     """The model as a file iree-compile takes: an ONNX model (.onnx) imported to MLIR's torch
-    dialect by IREE's own iree-import-onnx (into `workdir`, named after the model); anything
-    else as it is. Raises ToolFailure with the importer's reason when it refuses the file."""
+    dialect by IREE's own iree-import-onnx (into `workdir`, under the model's own name, which
+    iree-compile's messages then show); anything else as it is. Raises ToolFailure with the
+    importer's reason when it refuses the file."""
     if model.suffix.lower() != ".onnx":
         return model
-    out = workdir / f"{model.name}.mlir"
+    out = workdir / "imported" / model.name
+    out.parent.mkdir(exist_ok=True)
     run_tool("iree-import-onnx", [str(model), "-o", str(out)], timeout_s)
     return out
 

@@ -68,9 +68,17 @@ class ModelInputError(Exception):
     """The input is not a model IREE can form dispatches for; the message says what to fix."""
 
 
+MODEL_SUFFIXES = (".mlir", ".mlirbc", ".onnx")
+
+
 def importable_model(model: Path, workdir: Path) -> Path:
-    """`model` as iree-compile takes it (ONNX imported into `workdir`); ModelInputError with the
-    importer's reason when it refuses the file."""
+    """`model` as iree-compile takes it (ONNX imported into `workdir`); ModelInputError for a
+    file that cannot be a model, or with the importer's reason when it refuses the file."""
+    if model.suffix.lower() not in MODEL_SUFFIXES:
+        raise ModelInputError(f"{model.name}: a model is MLIR ({', '.join(MODEL_SUFFIXES[:2])}) or ONNX (.onnx), "
+                              "by its file name's suffix")
+    if model.stat().st_size == 0:
+        raise ModelInputError(f"{model.name} is empty")
     try:
         return iree_input(model, workdir)
     except ToolFailure as failure:
