@@ -108,26 +108,28 @@ def median(xs) -> float:
 
 
 def search_vs_default(s: Shape, hardware: HardwareModel, budget: int, cache: MeasurementCache,
-                      timing: str, iree_default: dict | None = None) -> float | None:
-    """IREE's default time / the search's pick's time, measured paired (None: not measurable).
-    iree_default: IREE's own config as a plan, a warm start (as `model tune` gives each dispatch)."""
+                      timing: str, iree_default: dict | None = None) -> tuple[float | None, str]:
+    """(IREE's default time / the search's pick's time, measured paired (None: not measurable);
+    the pick's tiles). iree_default: IREE's own config as a plan, a warm start (as `model tune`
+    gives each dispatch)."""
     text = module_text(s)
     result = tune(text, hardware, budget=budget, seed=0, workers=1,
                   warm_start_plans=[iree_default] if iree_default else None)
     plan = result.plan
     if not plan.get("groups"):  # the search left the op untiled: IREE compiles its own config
-        return 1.0
+        return 1.0, "untiled"
+    tiles = " / ".join(str(level["tile_sizes"]) for level in plan["groups"][0]["levels"])
     key = measurement_key(text, {"search_pick": plan}, SETTINGS)
     forced, default = cache.get(key), cache.get(key + ":default")
     if forced is None or default is None:
         try:
             (forced,), default = measure_plans_and_default(text, [plan], settings=SETTINGS)
         except NotMeasurable:
-            return None
+            return None, tiles
         cache.put(key, forced)
         cache.put(key + ":default", default)
     f, d = read_time(forced, default, timing), read_time(default, default, timing)
-    return d / f if f and d else None
+    return (d / f if f and d else None), tiles
 
 
 def main() -> None:
@@ -207,18 +209,18 @@ def report(key: str, args: argparse.Namespace) -> None:
     if args.residuals:
         print_residuals([(r, x["predicted"], ss) for r, lab, x, ss in rows if lab == "nominal" and r.shape.half == "tune"])
     if args.search:
-        print(f"\n| {args.search} shape | class | search pick vs IREE default (measured) |")
-        print("|---|---|---|")
+        print(f"\n| {args.search} shape | class | search pick vs IREE default (measured) | pick's tiles |")
+        print("|---|---|---|---|")
         ratios = []
         for r in results:
             if r.shape.half != args.search:
                 continue
-            ratio = search_vs_default(r.shape, profile, args.budget, cache, args.timing,
-                                      r.default_plan if args.from_iree_default else None)
+            ratio, tiles = search_vs_default(r.shape, profile, args.budget, cache, args.timing,
+                                             r.default_plan if args.from_iree_default else None)
             if ratio:
                 ratios.append(ratio)
-            print(f"| {r.shape.name} | {r.shape.shape_class} | " + (f"{ratio:.2f}x |" if ratio else "not measurable |"),
-                  flush=True)
+            print(f"| {r.shape.name} | {r.shape.shape_class} | " + (f"{ratio:.2f}x" if ratio else "not measurable")
+                  + f" | {tiles} |", flush=True)
         if ratios:
             print(f"\nsearch pick vs default: geomean {math.exp(statistics.fmean(map(math.log, ratios))):.2f}x, "
                   f"min {min(ratios):.2f}x over {len(ratios)} {args.search} shapes")
