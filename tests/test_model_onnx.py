@@ -48,13 +48,17 @@ def test_a_file_that_is_not_onnx_is_a_clear_error_with_the_importers_reason(tmp_
     assert not (tmp_path / "spec.mlir").exists()
 
 
-def test_job_submit_refuses_a_broken_onnx_file_before_it_reaches_a_server(tmp_path):
-    model = tmp_path / "broken.onnx"
-    model.write_bytes(b"\x08\x07garbage")
+@pytest.mark.parametrize("name, content, message", [
+    ("broken.onnx", b"\x08\x07garbage", "IREE cannot import broken.onnx"),
+    ("build.py", b"import onnx\n", "build.py: a model is MLIR"),
+])
+def test_job_submit_refuses_what_is_not_a_model_before_it_reaches_a_server(tmp_path, name, content, message):
+    model = tmp_path / name
+    model.write_bytes(content)
     result = CliRunner().invoke(app, ["job", "submit", str(model), "--hardware", "host-cpu",
                                       "--server", "http://127.0.0.1:9"])
     assert result.exit_code == 2
-    assert "IREE cannot import broken.onnx" in result.output
+    assert message in result.output
 
 
 def test_a_python_tools_error_line_is_its_exception_not_the_traceback_header():

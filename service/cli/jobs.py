@@ -62,19 +62,18 @@ def job_submit_cmd(
 
 
 def _model_text(path: Path) -> str:
-    """A model file as the MLIR text the server takes: ONNX is imported here, with IREE's importer."""
-    if path.suffix.lower() != ".onnx":
-        return _read_text(path)
+    """A model file as the MLIR text the server takes (ONNX imported here, with IREE's importer),
+    refused as `model tune` refuses it."""
     import tempfile
 
-    from service.measure.tools import ToolFailure
-    from service.measure.whole_model import iree_input
+    from service.model_tuning import ModelInputError
+    from service.model_tuning.tune import importable_model
 
     with tempfile.TemporaryDirectory(prefix="tilesearch-import-") as tmp:
         try:
-            return iree_input(path, Path(tmp)).read_text()
-        except ToolFailure as failure:
-            raise _ir_failure(f"IREE cannot import {path.name}: {failure.line}") from None
+            return _read_text(importable_model(path, Path(tmp)))
+        except ModelInputError as exc:
+            raise _ir_failure(exc) from None
 
 
 @job_app.command("watch")
