@@ -9,7 +9,6 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from service.measure.forcing import write_inputs
-from service.measure.tools import ToolFailure
 from service.measure.whole_model import (
     compile_model,
     dispatch_configs,
@@ -19,7 +18,7 @@ from service.measure.whole_model import (
     time_models,
 )
 
-from .tune import ModelInputError, importable_model
+from .tune import ModelInputError, importable_model, refused_as
 
 
 class ModelBenchmark(BaseModel):
@@ -41,23 +40,15 @@ def bench_model(model: Path, spec: Path, *, rounds: int = 5, function: str | Non
         workdir = Path(tmp)
         source = model
         model = importable_model(model, workdir)
-        try:
+        with refused_as(f"IREE cannot compile {model.name}"):
             program = input_program(model, workdir / "input.mlir")
-        except ToolFailure as failure:
-            raise ModelInputError(f"IREE cannot compile {model.name}: {failure.line}") from None
-        try:
+        with refused_as(f"cannot run {model.name}"):
             function = function or entry_function(program)
             arguments = model_arguments(program, function)
-        except ToolFailure as failure:
-            raise ModelInputError(f"cannot run {model.name}: {failure.line}") from None
-        try:
+        with refused_as(f"IREE cannot compile {model.name}"):
             compile_model(model, workdir / "default.vmfb", workdir / "default_configs")
-        except ToolFailure as failure:
-            raise ModelInputError(f"IREE cannot compile {model.name}: {failure.line}") from None
-        try:
+        with refused_as(f"IREE cannot compile {model.name} with the spec {spec.name}"):
             compile_model(model, workdir / "tuned.vmfb", workdir / "tuned_configs", spec=spec)
-        except ToolFailure as failure:
-            raise ModelInputError(f"IREE cannot compile {model.name} with the spec {spec.name}: {failure.line}") from None
         default, tuned = dispatch_configs(workdir / "default_configs"), dispatch_configs(workdir / "tuned_configs")
         changed = sum(1 for name, c in default.items() if tuned.get(name) != c)
         if not changed:

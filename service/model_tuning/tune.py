@@ -23,7 +23,8 @@ import re
 import statistics
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from pydantic import BaseModel, Field
@@ -68,6 +69,16 @@ class ModelInputError(Exception):
     """The input is not a model IREE can form dispatches for; the message says what to fix."""
 
 
+@contextmanager
+def refused_as(message: str) -> Iterator[None]:
+    """An IREE tool failing inside becomes the caller's ModelInputError: `message`: the tool's
+    first error line."""
+    try:
+        yield
+    except ToolFailure as failure:
+        raise ModelInputError(f"{message}: {failure.line}") from None
+
+
 MODEL_SUFFIXES = (".mlir", ".mlirbc", ".onnx")
 
 
@@ -79,10 +90,8 @@ def importable_model(model: Path, workdir: Path) -> Path:
                               "by its file name's suffix")
     if model.stat().st_size == 0:
         raise ModelInputError(f"{model.name} is empty")
-    try:
+    with refused_as(f"IREE cannot import {model.name}"):
         return iree_input(model, workdir)
-    except ToolFailure as failure:
-        raise ModelInputError(f"IREE cannot import {model.name}: {failure.line}") from None
 
 
 class SpecNotApplied(Exception):
@@ -215,10 +224,8 @@ def classify_dispatches(model: Path, workdir: Path) -> tuple[list[Dispatch], lis
     """IREE's dispatches of `model`: those tilesearch tunes (one static contraction root, as
     `tune_model` searches them) and a report for each of the others saying why not.
     Raises ModelInputError when IREE cannot compile the model."""
-    try:
+    with refused_as(f"IREE cannot compile {model.name}"):
         sources = executable_sources(model, workdir / "sources.mlir")
-    except ToolFailure as failure:
-        raise ModelInputError(f"IREE cannot compile {model.name}: {failure.line}") from None
     tunable, left = [], []
     for dispatch in dispatches_of(sources):
         candidate, report = _classify(dispatch)
@@ -445,10 +452,8 @@ def tune_model(model: Path, hardware: HardwareModel, spec_out: Path, *, budget: 
     with tempfile.TemporaryDirectory(prefix="tilesearch-model-") as tmp:
         workdir = Path(tmp)
         model = importable_model(model, workdir)
-        try:
+        with refused_as(f"IREE cannot compile {model.name}"):
             sources = executable_sources(model, workdir / "sources.mlir")
-        except ToolFailure as failure:
-            raise ModelInputError(f"IREE cannot compile {model.name}: {failure.line}") from None
         try:
             dispatches = dispatches_of(sources)
         except NotAModelError:
@@ -464,12 +469,10 @@ def tune_model(model: Path, hardware: HardwareModel, spec_out: Path, *, budget: 
         translation = host_translation_info() if hardware.name == "host-cpu" else None
         ranked = sorted(candidates, key=lambda c: -(c.dispatch.weight * (c.latency_s or 0.0)))
         if measure_top and candidates:
-            try:
+            with refused_as(f"cannot run {model.name} to measure it"):
                 function, flags = _model_inputs(model, workdir)
                 calls = {d.entry: d.weight for d in dispatches}
                 _measure_in_model(model, ranked, measure_top, translation, function, flags, calls, workdir)
-            except ToolFailure as failure:
-                raise ModelInputError(f"cannot run {model.name} to measure it: {failure.line}") from None
         for c in candidates:
             _judge(c, hardware)
         lead: dict[tuple, str] = {}  # by root: the dispatch that decides for it
@@ -528,10 +531,8 @@ def tune_model(model: Path, hardware: HardwareModel, spec_out: Path, *, budget: 
                                  + "\n  ".join(problems))
         measured_model = None
         if measure_top and tuned and verify:
-            try:
+            with refused_as(f"cannot run {model.name} with the spec to measure it"):
                 measured_model = confirm_in_model(workdir / "default.vmfb", workdir / "tuned.vmfb", function, flags, calls)
-            except ToolFailure as failure:
-                raise ModelInputError(f"cannot run {model.name} with the spec to measure it: {failure.line}") from None
             if measured_model[1] >= measured_model[0]:
                 _withdraw(reports, searches, matchers, spec_out, measured_model)
                 tuned = {}
