@@ -311,3 +311,29 @@ def test_a_transposed_b_tiles_shuffles_add_to_its_fmas() -> None:
     transposed tile the same as the plain one (its 8 accumulators' chains bind first here)."""
     nk, kn = _layout_latency("nk", [8, 16], 16), _layout_latency("kn", [8, 16], 16)
     assert nk > 1.25 * kn
+
+
+def _rows_latency(hw, m: int, dist: list[int], vec: list[int], red: int) -> float:
+    with context():
+        tagged = tag_tileable_ops(parse_module(_nk_or_kn("kn", m=m, n=512, k=2048)))
+        return estimate_cost(apply_plan(tagged, matmul_plan(dist, vec, red)).module, hw).latency_s
+
+
+def test_rows_that_a_tile_does_not_divide_are_masked_in_every_register_tile() -> None:
+    """IREE masks (AVX-512) rather than peels a dynamic tile: one row more than a multiple of the
+    tiles makes every register tile gather its rows of A under a mask. Measured on a Zen 4 with
+    [16, 64] distribution tiles and B 2048 x 512: 1025 rows ran 3.0x slower than 1024 with 8x16
+    tiles at k = 1, 1.9x at k = 16, and 49 rows 4.2x slower than 48; 1x16 tiles are not masked."""
+    hw = avx512_host()
+    assert hw.compute.masked_remainders
+    for red, slower in ((1, 2.0), (16, 1.4)):
+        even, odd = _rows_latency(hw, 1024, [16, 64], [8, 16], red), _rows_latency(hw, 1025, [16, 64], [8, 16], red)
+        assert odd > slower * even, red
+    # The register tile alone not dividing a whole workgroup's rows (49 = 6 x 8 + 1) is masked too.
+    assert _rows_latency(hw, 49, [49, 64], [8, 16], 1) > 2 * _rows_latency(hw, 48, [48, 64], [8, 16], 1)
+    one_row = _rows_latency(hw, 1024, [16, 64], [1, 16], 1)
+    assert _rows_latency(hw, 1025, [16, 64], [1, 16], 1) < 1.05 * one_row
+    # Where IREE peels the remainder (x86 without AVX-512), a row more costs a row more.
+    peeling = hw.model_copy(update={"compute": hw.compute.model_copy(update={"masked_remainders": False})})
+    even = _rows_latency(peeling, 1024, [16, 64], [8, 16], 1)
+    assert _rows_latency(peeling, 1025, [16, 64], [8, 16], 1) < 1.05 * even

@@ -64,6 +64,12 @@ class Compute(BaseModel):
     # too few independent accumulators leave the FMA pipelines idle.
     vector_registers: int | None = Field(default=None, ge=1, description="Architectural SIMD registers per core (CPU only).")
     fma_pipeline_depth: int = Field(default=8, ge=1, description="Independent FMAs in flight to saturate a core (latency x ports).")
+    masked_remainders: bool = Field(
+        default=False,
+        description="The compiler vectorizes a tile with a dynamic extent under masks rather than peeling its "
+                    "remainder (IREE's CPU pipeline with AVX-512; AVX2 peels): a register tile whose rows do not "
+                    "divide the rows they tile gathers each row of A element by element (CPU only).",
+    )
     register_tile_rows: int | None = Field(
         default=None, ge=1,
         description="Rows of a register tile the compiler's contraction lowering handles at full speed; "

@@ -218,6 +218,9 @@ def host_cpu_model(facts: HostFacts, cache_dir: str = "sysfs") -> HardwareModel:
             # x86: 32 zmm registers with AVX-512, 16 ymm without.
             vector_registers=32 if vector_width >= 64 else 16,
             fma_pipeline_depth=_fma_pipeline_depth(vendor, facts.family_model, avx512="avx512f" in flags),
+            # IREE's CPU config turns on loop peeling on x86 without AVX-512 only (its
+            # translation_info, read by service.measure.tools.host_translation_info).
+            masked_remainders="avx512f" in flags,
         ),
         loop_overhead_s=2e-9,
         # The out-of-order core hides most of an innermost loop's bookkeeping, not all: about

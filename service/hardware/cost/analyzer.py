@@ -363,32 +363,34 @@ class Analyzer:
         parallel = [ranges[d] for d in range(n_dims) if d in out_dims]
         c = self._compute(op, node, operands, shapes, ranges, reduction, parallel, operands[-1] if operands else None)
         if reduction and out_dims:
-            c.lhs_rows = self._lhs_rows(operands, tensor_maps, ranges, out_dims, len(op.results))
+            lhs = self._lhs_input(operands, tensor_maps, out_dims, len(op.results))
+            if lhs is not None:
+                c.lhs_rows, c.dynamic_rows = self._lhs_rows(*lhs, ranges, out_dims)
             c.rhs_k_contiguous = _rhs_k_contiguous(maps, out_dims, n_inputs=len(operands) - len(op.results))
         return c
 
-    def _lhs_rows(self, operands, tensor_maps, ranges, out_dims: set[int], n_results: int) -> tuple[tuple[int, int], ...]:
-        """(extent, byte stride) of each register-tile row dim in the broadcast input: the first
-        input indexed by a reduction dim and a row dim (a parallel dim other than the innermost)
-        but not the innermost parallel dim. Strides are those of the whole tensor the tile is cut
-        from (row-major), which is where the rows sit in memory."""
+    def _lhs_input(self, operands, tensor_maps, out_dims: set[int], n_results: int) -> tuple[ir.Value, list] | None:
+        """The input a register tile broadcasts along its innermost parallel dim (A of a matmul)
+        and the iteration dim of each of its dims: the first input indexed by a reduction dim and
+        a row dim (a parallel dim other than the innermost) but not the innermost parallel dim."""
         n_dim = max(out_dims)
-        inputs = list(zip(operands, tensor_maps))[: max(0, len(operands) - n_results)]
-        for v, m in inputs:
+        for v, m in list(zip(operands, tensor_maps))[: max(0, len(operands) - n_results)]:
             dims = [e.position if isinstance(e, ir.AffineDimExpr) else None for e in m.results]
-            if n_dim in dims or not any(d is not None and d not in out_dims for d in dims):
-                continue
-            shape = self.shape(self.root_tensor(v))
-            t = ranked(v)
-            if t is None or len(shape) != len(dims):
-                continue
-            rows = tuple(
-                (ranges[d], math.prod(shape[p + 1:]) * element_bytes(t))
-                for p, d in enumerate(dims) if d is not None and d in out_dims and ranges[d] > 1
-            )
-            if rows:
-                return rows
-        return ()
+            if n_dim not in dims and any(d is not None and d not in out_dims for d in dims):
+                return v, dims
+        return None
+
+    def _lhs_rows(self, v: ir.Value, dims: list, ranges, out_dims: set[int]) -> tuple[tuple[tuple[int, int], ...], bool]:
+        """(extent, byte stride) of each register-tile row dim of A, and whether one of them is
+        dynamic in A's tile type (a tile that does not divide the rows it tiles). Strides are
+        those of the whole tensor the tile is cut from (row-major), where the rows sit in memory."""
+        shape = self.shape(self.root_tensor(v))
+        t = ranked(v)
+        if t is None or len(shape) != len(dims):
+            return (), False
+        row_positions = [p for p, d in enumerate(dims) if d is not None and d in out_dims and ranges[d] > 1]
+        rows = tuple((ranges[dims[p]], math.prod(shape[p + 1:]) * element_bytes(t)) for p in row_positions)
+        return rows, any(t.shape[p] == DYNAMIC for p in row_positions)
 
     def root_tensor(self, v: ir.Value) -> ir.Value:
         """The whole tensor a tile is cut from: through extract_slices and loop-carried args."""

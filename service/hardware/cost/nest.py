@@ -45,6 +45,9 @@ class Compute:
     # Rows of the register tile in the operand broadcast along the innermost parallel dim (A of
     # a matmul): (tile extent, byte stride in its whole tensor) per row dim; () if none.
     lhs_rows: tuple[tuple[int, int], ...] = ()
+    # A row dim of that register tile has a dynamic extent in the IR: a tile above it (or the
+    # register tile itself) does not divide the rows it tiles.
+    dynamic_rows: bool = False
     # B (the input the innermost parallel dim indexes) is contiguous along a reduction dim, as
     # nn.Linear keeps weights [out, in]: its register tile is transposed (cost/registers.py).
     rhs_k_contiguous: bool = False
