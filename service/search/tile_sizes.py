@@ -78,6 +78,10 @@ def inner_sizes(extent: int, vector_elems: int, innermost: bool, many_dims: bool
                 cands.append(divisor)
     else:
         cands = [1, 4, 8] if many_dims else [4, 6, 8, 16] if rows else [4, 8, 16]
+        if rows and extent % 8:
+            # Rows no tile divides are masked in every register tile on AVX-512 (cost/registers.py):
+            # the largest divisor up to 8 (IREE's choice: 7 of 49) keeps them whole.
+            cands += [d for d in range(8, 1, -1) if extent % d == 0][:1]
     return [0, *sorted({s for s in cands if s < extent})]
 
 
