@@ -1,6 +1,7 @@
 """Register-tile terms of a CPU contraction: how close its microkernel gets to FMA peak
-(spills, FMA pipeline, loads per step, tall tiles, L1 set conflicts among the rows of A), the
-accumulator share that spills, and IREE's vector-tile size limit."""
+(spills, FMA pipeline, loads per step, tall tiles, L1 set conflicts among the rows of A, rows
+masked where a tile does not divide them), the accumulator share that spills, and IREE's
+vector-tile size limit."""
 
 from __future__ import annotations
 
@@ -38,7 +39,9 @@ def microkernel_efficiency(c: Compute, level: int, hw: HardwareModel, acc_trips:
     - pipeline: fewer independent accumulators than latency x ports leaves FMA units idle;
     - loads: more loads than FMAs per step makes the tile load-bound (as many ports of each);
     - rows: tiles taller than the hardware's register_tile_rows run proportionally slower;
-    - set conflicts: rows of A that share an L1 set past its ways miss every step.
+    - set conflicts: rows of A that share an L1 set past its ways miss every step;
+    - masked rows: rows a tile does not divide, where the compiler masks rather than peels,
+      cost every register tile a masked load per row (k = 1) or a blend per FMA.
     """
     regs = hw.compute.vector_registers
     if regs is None or not plan_chose_vector_tile(c, level) or not c.reduction_tile or len(c.parallel_tile) < 1:
