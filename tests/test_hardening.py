@@ -283,3 +283,17 @@ def test_docs_load_nothing_from_another_host(migrated_url) -> None:
         for asset in ("swagger-ui-bundle.js", "swagger-ui.css"):
             assert client.get(f"/static/vendor/swagger-ui/{asset}").status_code == 200
         assert client.get("/redoc").status_code == 404
+
+
+def test_non_finite_numbers_in_a_body_are_a_422_not_a_500(migrated_url) -> None:
+    """Python's JSON parser takes NaN, Infinity and 1e999; FastAPI's 422 echoed them back and
+    could not be written (a new user's trial found the 500)."""
+    with TestClient(create_app(Settings(database_url=migrated_url, pool_workers=1)), raise_server_exceptions=False) as client:
+        for path, body in (("/v1/tilings", '{"module": "x", "hardware": "host-cpu", "seconds": NaN}'),
+                           ("/v1/tilings", '{"module": "x", "hardware": "host-cpu", "budget": Infinity}'),
+                           ("/v1/tilings", '{"module": "x", "hardware": "host-cpu", "shape_hints": {"arg0": [1e999, 4]}}'),
+                           ("/v1/tilings", '{"module": "x", "hardware": "host-cpu", "extra": -Infinity}'),
+                           ("/v1/jobs", '{"items": [], "hardware": "host-cpu", "seconds": NaN}')):
+            r = client.post(path, content=body, headers={"content-type": "application/json"})
+            assert r.status_code == 422, (path, body, r.status_code)
+            assert r.json()["detail"] and all("loc" in e and "msg" in e for e in r.json()["detail"])

@@ -5,10 +5,13 @@ which errors are the client's is decided by the tiling service."""
 from __future__ import annotations
 
 import logging
+import math
 from http import HTTPStatus
 
 from fastapi import FastAPI, Request
+from fastapi.encoders import jsonable_encoder
 from fastapi.exception_handlers import http_exception_handler
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from sqlalchemy.exc import DataError, DBAPIError
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -102,7 +105,25 @@ async def _http_error(request: Request, exc: StarletteHTTPException) -> Response
     return error_response(exc.status_code, error, message, headers=getattr(exc, "headers", None))
 
 
+def _json_safe(value):
+    """Python's JSON parser reads NaN, Infinity and 1e999 as floats that JSON cannot write back."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_json_safe(v) for v in value]
+    return value
+
+
+def _invalid_request(_request: Request, exc: RequestValidationError) -> JSONResponse:
+    """FastAPI's own 422 (a list of pydantic errors, each with the input it refused), written
+    even when that input is a non-finite number the client sent (`"seconds": NaN`)."""
+    return JSONResponse({"detail": _json_safe(jsonable_encoder(exc.errors()))}, status_code=422)
+
+
 def install_error_handlers(app: FastAPI) -> None:
+    app.add_exception_handler(RequestValidationError, _invalid_request)
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(DataError, _unstorable_value)
     app.add_exception_handler(DBAPIError, _database_error)
