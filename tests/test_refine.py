@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from service.cli import app
 from service.hardware.profiles import detect_host_cpu, get_profile, save_profile
-from service.search.refine import MeasuredPlan, Refinement, top_plans, with_measured_choice
+from service.search.refine import MeasuredPlan, Refinement, measured_answer, top_plans, with_measured_choice
 from service.measure.timing import Measurement
 from service.search.engine import tune
 
@@ -66,6 +66,43 @@ def test_the_fastest_measured_plan_answers_not_the_fastest_predicted():
     # Nothing measurable: the predicted best stands, and the answer says why.
     kept = with_measured_choice(result, Refinement(not_measurable="convolution"))
     assert kept.plan == result.plan and kept.summary()["measured"]["not_measurable"] == "convolution"
+
+
+def _timed(cpu: float) -> Measurement:
+    return Measurement(ok=True, median_s=cpu / 2, cpu_median_s=cpu, iree_version="test")
+
+
+def _refinement(result, candidate_cpu: tuple[float, ...], default_cpu: float) -> Refinement:
+    top = top_plans(result, len(candidate_cpu))
+    fastest = min(range(len(candidate_cpu)), key=candidate_cpu.__getitem__)
+    return Refinement(candidates=[MeasuredPlan(plan=p, plan_hash=h, predicted_latency_s=lat, measured=_timed(cpu))
+                                  for (p, h, lat), cpu in zip(top, candidate_cpu)],
+                      default=_timed(default_cpu), chosen=fastest)
+
+
+def test_when_iree_default_measures_fastest_the_answer_leaves_the_ops_to_iree():
+    result = _tiny_tune()
+    kept = measured_answer(result, _refinement(result, (2e-3, 3e-3), 1e-3), 2)
+    assert kept.plan == {"groups": []} and kept.measured["kept"] == "iree_default" and kept.measured["top"] == 2
+    won = measured_answer(result, _refinement(result, (2e-3, 1e-3), 3e-3), 2)
+    assert won.plan == top_plans(result, 2)[1][0] and won.measured["kept"] == "candidate"
+
+
+def test_tune_measure_top_writes_no_spec_when_iree_default_measures_fastest(tmp_path, monkeypatch):
+    """A new user's trial: `tune --measure-top 3 --spec-out` kept a candidate measured 0.41x of
+    IREE's default and wrote its spec (the CLI skipped the check the API makes)."""
+    import service.search.refine as refine_module
+
+    monkeypatch.setattr(refine_module, "refine", lambda source, result, k: _refinement(result, (2e-3, 3e-3), 1e-3))
+    module, spec = tmp_path / "mm.mlir", tmp_path / "spec.mlir"
+    module.write_text(TINY_MATMUL)
+    spec.write_text("a stale spec of an earlier run")
+    result = CliRunner().invoke(app, ["tune", str(module), "--budget", "12", "--workers", "1",
+                                      "--measure-top", "2", "--spec-out", str(spec)])
+    assert result.exit_code == 0, result.output
+    assert "IREE's default measured fastest" in result.output and "<- chosen" not in result.output
+    assert "plan: {\"groups\": []}" in result.output or '"groups": []' in result.output
+    assert not spec.exists()
 
 
 def test_measure_top_refuses_what_it_cannot_measure(tmp_path):

@@ -108,6 +108,17 @@ def test_tune_via_server_writes_the_decision(server: str, tmp_path: Path) -> Non
     assert json.loads(runner.invoke(app, args).output)["cache"] == "hit"
 
 
+def test_tune_via_server_writes_the_decisions_spec(server: str, tmp_path: Path) -> None:
+    """`--spec-out` was ignored with `--server` (exit 0, no file): a new user's trial."""
+    spec = tmp_path / "spec.mlir"
+    args = ["tune", str(WORKLOADS / "matmul_1024.mlir"), "--server", server, "--budget", "6", "--spec-out", str(spec)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    decision = json.loads(CliRunner().invoke(app, [*args[:-2], "--json"]).output)
+    assert decision["tuning_spec"] and spec.read_text() == decision["tuning_spec"]
+    assert f"wrote {spec}" in result.output
+
+
 def test_tune_via_server_reports_bad_mlir_and_unreachable_servers(server: str, tmp_path: Path) -> None:
     bad = tmp_path / "bad.mlir"
     bad.write_text(BAD_MLIR)

@@ -351,7 +351,8 @@ def tune_cmd(
         if measure_top:
             typer.echo("error: --measure-top runs IREE on this machine; drop --server", err=True)
             raise typer.Exit(2)
-        _tune_via_server(server, token, file, hardware, budget, seconds, strategy, seed, as_json, out, shape_hint, bucket)
+        _tune_via_server(server, token, file, hardware, budget, seconds, strategy, seed, as_json, out, shape_hint, bucket,
+                         spec_out)
         return
     if measure_top and bucket:
         typer.echo("error: --measure-top measures one shape: use --shape-hint instead of --bucket", err=True)
@@ -384,14 +385,14 @@ def tune_cmd(
         except (IRError, SearchInputError) as exc:  # the input's fault; any other error is ours
             raise _ir_failure(exc) from None
     if measure_top:
-        from service.search.refine import refine, with_measured_choice
+        from service.search.refine import measured_answer, refine
         from service.store.db import session_scope
         from service.tiling.learning import record_refinement
 
         if isinstance(source, bytes):
             raise _ir_failure(ValueError("--measure-top takes MLIR text, not bytecode"))
         refinement = refine(source, result, measure_top)
-        result = with_measured_choice(result, refinement)
+        result = measured_answer(result, refinement, measure_top)
         stored = 0
         if sessions is not None and refinement.candidates:
             with session_scope(sessions) as session:
@@ -401,7 +402,9 @@ def tune_cmd(
                        else f"note: measurements not stored: {store_why}", err=True)
     written = write_outputs(result, source, out) if out else []
     no_spec = None
-    if spec_out is not None:
+    if spec_out is not None and not result.plan.get("groups"):
+        _no_spec_needed(spec_out, as_json)
+    elif spec_out is not None:
         no_spec = _write_spec(source, result.plan, hw, spec_out)
         if no_spec is None:
             written.append(f"{spec_out} (IREE tuning spec)")
@@ -419,6 +422,14 @@ def tune_cmd(
         raise typer.Exit(2)
     if not result.feasible and not as_json:
         raise typer.Exit(3)
+
+
+def _no_spec_needed(path: Path, as_json: bool) -> None:
+    """The answer leaves every op to IREE (the best plan tiles nothing, or IREE's default measured
+    fastest): no spec is the right output, and an older file there would be a stale answer."""
+    path.unlink(missing_ok=True)
+    if not as_json:
+        typer.echo(f"note: no tuning spec written to {path}: the answer keeps IREE's own configs", err=True)
 
 
 def _write_spec(source: str | bytes, plan: dict, hardware, path: Path) -> str | None:
@@ -440,8 +451,9 @@ def _write_spec(source: str | bytes, plan: dict, hardware, path: Path) -> str | 
 
 def _tune_via_server(server: str, token: str | None, file: Path, hardware: str, budget: int, seconds: float | None,
                      strategy: str, seed: int, as_json: bool, out: Path | None, shape_hint: list[str],
-                     bucket: list[str]) -> None:
-    """`tune --server`: the same request through the API (stored decisions are reused there)."""
+                     bucket: list[str], spec_out: Path | None = None) -> None:
+    """`tune --server`: the same request through the API (stored decisions are reused there);
+    `spec_out` gets the decision's tuning spec."""
     import json
 
     from service.client import TilesearchClient
@@ -462,9 +474,25 @@ def _tune_via_server(server: str, token: str | None, file: Path, hardware: str, 
         for name, text in (("transform.mlir", decision.transform_script), ("tiled.mlir", decision.tiled_module)):
             if text:
                 (out / name).write_text(text)
+    no_spec = None
+    if spec_out is not None and decision.tuning_spec:
+        spec_out.write_text(decision.tuning_spec)
+    elif spec_out is not None and not (decision.plan or {}).get("groups"):
+        _no_spec_needed(spec_out, as_json)
+    elif spec_out is not None:
+        no_spec = "the server's decision configures no contraction IREE takes a config for"
     if as_json:
         typer.echo(decision.model_dump_json(indent=2))
-        return
+    else:
+        _print_server_decision(server, decision, out, spec_out if spec_out is not None and decision.tuning_spec else None)
+    if no_spec is not None:
+        typer.echo(f"error: no tuning spec written to {spec_out}: {no_spec}", err=True)
+        raise typer.Exit(2)
+
+
+def _print_server_decision(server: str, decision, out: Path | None, spec_written: Path | None) -> None:
+    import json
+
     latency = (decision.predicted_cost or {}).get("latency_s")
     base = (decision.baseline or {}).get("latency_s")
     typer.echo(f"decision {decision.id} ({decision.cache}) from {server}")
@@ -475,6 +503,8 @@ def _tune_via_server(server: str, token: str | None, file: Path, hardware: str, 
         typer.echo("note: the search time limit cut the budget (best plan so far)")
     if out:
         typer.echo(f"wrote {out}")
+    if spec_written:
+        typer.echo(f"wrote {spec_written} (IREE tuning spec)")
 
 
 @app.command("serve")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
+from service.ir.plan import Plan
 from service.measure.forcing import NotMeasurable
 from service.measure.timing import BenchSettings, Measurement, measure_plans_and_default
 
@@ -105,3 +106,26 @@ def with_measured_choice(result: TuneResult, refinement: Refinement) -> TuneResu
         ev = next(t for t in result.trials if t.plan_hash == chosen.plan_hash and t.cost is not None)
         update |= {"plan": chosen.plan, "plan_hash": chosen.plan_hash, "predicted": ev.cost, "feasible": ev.feasible}
     return result.model_copy(update=update)
+
+
+def iree_default_fastest(refinement: Refinement) -> bool:
+    """IREE's default measured no slower (CPU time per call) than the fastest measured plan."""
+    if refinement.chosen is None or refinement.default is None or not refinement.default.ok:
+        return False
+    default, chosen = refinement.default.cpu_median_s, refinement.candidates[refinement.chosen].measured.cpu_median_s
+    return default is not None and chosen is not None and default <= chosen
+
+
+def measured_answer(result: TuneResult, refinement: Refinement, k: int) -> TuneResult:
+    """The answer of a `--measure-top k` search: the fastest measured plan, or, when IREE's
+    default measured fastest, the untiled plan (IREE keeps its own config); `measured` says
+    which was kept."""
+    chosen = with_measured_choice(result, refinement)
+    kept = "candidate" if refinement.chosen is not None else "predicted"
+    if iree_default_fastest(refinement):
+        untiled = next(t for t in result.trials if t.source == "untiled")
+        kept = "iree_default"
+        chosen = chosen.model_copy(update={"plan": {"groups": []}, "plan_hash": Plan().plan_hash(),
+                                           "predicted": untiled.cost or {"latency_s": untiled.latency_s},
+                                           "feasible": untiled.feasible})
+    return chosen.model_copy(update={"measured": (chosen.measured or {}) | {"top": k, "kept": kept}})

@@ -52,9 +52,11 @@ def measured_lines(measured: dict | None) -> list[str]:
     for i, c in enumerate(measured["candidates"]):
         got = c["cpu_s"]
         vs = f"  {default / got:.2f}x IREE's default" if got and default else ""
-        mark = "  <- chosen" if i == measured.get("chosen") else ""
+        mark = "  <- chosen" if i == measured.get("chosen") and measured.get("kept") != "iree_default" else ""
         shown = _ms(got) if got else f"FAILED {c['error']}"
         lines.append(f"  {i + 1}. {c['plan_hash'][:12]} predicted {_ms(c['predicted_latency_s'])}, measured {shown}{vs}{mark}")
+    if measured.get("kept") == "iree_default":
+        lines.append("IREE's default measured fastest: kept (the answer leaves the ops to IREE's own configs)")
     return lines
 
 

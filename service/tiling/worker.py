@@ -16,7 +16,7 @@ from service.search.candidate import Evaluation
 from service.measure.cache import host_key
 from service.measure.timing import Measurement, cpu_per_core_s
 from service.search.engine import tune
-from service.search.refine import Refinement, refine, with_measured_choice
+from service.search.refine import Refinement, measured_answer, refine
 from service.search.results import TuneResult
 from service.search.shapes import check_shapes, parse_buckets, parse_shape_hints
 
@@ -154,29 +154,12 @@ def refinement_measurements(refinement: Refinement) -> list[PlanMeasurement]:
     return timings
 
 
-def _iree_default_fastest(refinement: Refinement) -> bool:
-    """IREE's default measured no slower (CPU time per call) than the fastest measured plan."""
-    if refinement.chosen is None or refinement.default is None or not refinement.default.ok:
-        return False
-    default, chosen = refinement.default.cpu_median_s, refinement.candidates[refinement.chosen].measured.cpu_median_s
-    return default is not None and chosen is not None and default <= chosen
-
-
 def measured_choice(source: str, result: TuneResult, k: int) -> tuple[TuneResult, list[PlanMeasurement]]:
     """Time the k plans predicted fastest and IREE's default on this machine (the `tune
-    --measure-top` refinement) and answer with the fastest measured; when IREE's default is
-    fastest, with the untiled plan (IREE keeps its own config). Also every timing taken."""
+    --measure-top` refinement) and answer with the fastest measured (`measured_answer`). Also
+    every timing taken."""
     refinement = refine(source, result, k)
-    chosen = with_measured_choice(result, refinement)
-    kept = "candidate" if refinement.chosen is not None else "predicted"
-    if _iree_default_fastest(refinement):
-        untiled = next(t for t in result.trials if t.source == "untiled")
-        kept = "iree_default"
-        chosen = chosen.model_copy(update={"plan": {"groups": []}, "plan_hash": Plan().plan_hash(),
-                                           "predicted": untiled.cost or {"latency_s": untiled.latency_s},
-                                           "feasible": untiled.feasible})
-    chosen = chosen.model_copy(update={"measured": (chosen.measured or {}) | {"top": k, "kept": kept}})
-    return chosen, refinement_measurements(refinement)
+    return measured_answer(result, refinement, k), refinement_measurements(refinement)
 
 
 def search_and_realise(source: str, task: SearchTask, observer: SearchObserver | None = None) -> SearchOutcome:
