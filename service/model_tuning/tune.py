@@ -505,7 +505,10 @@ def tune_model(model: Path, hardware: HardwareModel, spec_out: Path, *, budget: 
                 continue
             matcher = heavier or _plan_matcher(c, c.plan or {}, _symbol_part(c.dispatch.entry), translation)
             if matcher is None:
-                report.reason = "the best plan found leaves the root untiled: IREE's own config is kept"
+                # IREE's config runs, so the dispatch's prediction is that config's.
+                untiled = f" (predicted {c.latency_s * 1e3:.4f} ms)" if c.latency_s is not None else ""
+                report.reason = f"the best plan found leaves the root untiled{untiled}: IREE's own config is kept"
+                report.predicted_s = c.default_s if c.default_s is not None else report.predicted_s
                 decided[key] = report.reason
                 continue
             if heavier is not None:
