@@ -86,6 +86,11 @@ def test_when_iree_default_measures_fastest_the_answer_leaves_the_ops_to_iree():
     assert kept.plan == {"groups": []} and kept.measured["kept"] == "iree_default" and kept.measured["top"] == 2
     won = measured_answer(result, _refinement(result, (2e-3, 1e-3), 3e-3), 2)
     assert won.plan == top_plans(result, 2)[1][0] and won.measured["kept"] == "candidate"
+    # Nothing measured (a dynamic dim without a hint): the answer's warnings say so, not only its
+    # `measured` block (a new user's trial missed it there).
+    unmeasured = measured_answer(result, Refinement(not_measurable="dynamic dims need shape hints"), 2)
+    assert unmeasured.plan == result.plan and unmeasured.measured["kept"] == "predicted"
+    assert any("nothing measured (dynamic dims need shape hints)" in w for w in unmeasured.warnings)
 
 
 def test_tune_measure_top_writes_no_spec_when_iree_default_measures_fastest(tmp_path, monkeypatch):

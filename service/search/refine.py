@@ -128,4 +128,8 @@ def measured_answer(result: TuneResult, refinement: Refinement, k: int) -> TuneR
         chosen = chosen.model_copy(update={"plan": {"groups": []}, "plan_hash": Plan().plan_hash(),
                                            "predicted": untiled.cost or {"latency_s": untiled.latency_s},
                                            "feasible": untiled.feasible})
-    return chosen.model_copy(update={"measured": (chosen.measured or {}) | {"top": k, "kept": kept}})
+    update: dict = {"measured": (chosen.measured or {}) | {"top": k, "kept": kept}}
+    if refinement.not_measurable:
+        update["warnings"] = [*chosen.warnings, f"measure_top: nothing measured ({refinement.not_measurable}); "
+                                                "the predicted best answers"]
+    return chosen.model_copy(update=update)
