@@ -37,7 +37,7 @@ ANCHOR_KINDS = ("contraction", "convolution", "reduction")
 # 10: the innermost dim's tiles divide it or leave whole vectors (outer_sizes), and may be the
 #     largest divisor under a vector (inner_sizes); a 1x1 convolution's output channels keep
 #     register tiles of 1 (single_row_dims).
-SPACE_VERSION = "search-space/11"
+SPACE_VERSION = "search-space/12"
 _ELEMENT_BYTES = {"f64": 8, "i64": 8, "f32": 4, "i32": 4, "f16": 2, "bf16": 2, "i16": 2, "i8": 1, "i1": 1}
 
 
@@ -500,7 +500,8 @@ def build_space(graph: OpGraph, hardware: HardwareModel, shape_hints: dict[str, 
                                           rows=d in rows)
                            for d in parallel if ranges[d] > 1},
             peeled=tuple(rows),
-            reduction_choices={d: reduction_sizes(ranges[d]) for d in reduction if ranges[d] > 4},
+            reduction_choices={d: reduction_sizes(ranges[d], dividing=hardware.compute.masked_remainders)
+                               for d in reduction if ranges[d] > 4},
             vector_limit_bytes=hardware.max_vector_tile_bytes,
             elem_bytes=element_bytes(op.element_type),
             anchor_kind=op.kind,

@@ -85,10 +85,13 @@ def inner_sizes(extent: int, vector_elems: int, innermost: bool, many_dims: bool
     return [0, *sorted({s for s in cands if s < extent})]
 
 
-def reduction_sizes(extent: int) -> list[int]:
+def reduction_sizes(extent: int, dividing: bool = False) -> list[int]:
     """Reduction tiles of the vector level: 1 (A broadcast straight from memory, which suits
-    wide register tiles) up to 128."""
-    return [0, *[s for s in _pow2_upto(extent, 1) if s <= 128]]
+    wide register tiles) up to 128. `dividing`: only tiles that divide the extent, where the
+    compiler masks a remainder in every step rather than peeling it (IREE on AVX-512: K = 1000
+    at k 32 ran 3.3x slower than at k 8 on a Zen 4, k 16 1.7x; K = 2040 at k 16 1.56x slower
+    than K = 2048)."""
+    return [0, *[s for s in _pow2_upto(extent, 1) if s <= 128 and not (dividing and extent % s)]]
 
 
 # --------------------------------------------------------------------------- building the space
