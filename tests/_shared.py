@@ -172,6 +172,21 @@ def tuning_every_dispatch() -> Iterator[None]:
         yield
 
 
+def matmul_module(layout: str, m: int = 128, n: int = 768, k: int = 3072) -> str:
+    """An f32 matmul with B stored [k, n] ("kn") or [n, k] ("nk", nn.Linear's weight layout)."""
+    b_t, b_map = ((f"tensor<{k}x{n}xf32>", "affine_map<(d0, d1, d2) -> (d2, d1)>") if layout == "kn"
+                  else (f"tensor<{n}x{k}xf32>", "affine_map<(d0, d1, d2) -> (d1, d2)>"))
+    return f"""
+func.func @f(%a: tensor<{m}x{k}xf32>, %b: {b_t}) -> tensor<{m}x{n}xf32> {{
+  %z = arith.constant 0.0 : f32
+  %e = tensor.empty() : tensor<{m}x{n}xf32>
+  %c = linalg.fill ins(%z : f32) outs(%e : tensor<{m}x{n}xf32>) -> tensor<{m}x{n}xf32>
+  %r = linalg.matmul indexing_maps = [affine_map<(d0, d1, d2) -> (d0, d2)>, {b_map}, affine_map<(d0, d1, d2) -> (d0, d1)>]
+       ins(%a, %b : tensor<{m}x{k}xf32>, {b_t}) outs(%c : tensor<{m}x{n}xf32>) -> tensor<{m}x{n}xf32>
+  return %r : tensor<{m}x{n}xf32>
+}}"""
+
+
 # A small matmul with three distinct dims IREE compiles in a second or two, for the tests that
 # store real IREE measurements.
 MATMUL_64X96X80 = """

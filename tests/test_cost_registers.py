@@ -12,7 +12,7 @@ from service.ir.plan import Plan
 from service.ir.transform import apply_plan
 
 from _cost_plans import GOOD_MATMUL, avx512_host, cost_of, matmul_plan
-from _shared import WORKLOADS, ZEN3_HOST_CACHES, ZEN3_HOST_CPUINFO, write_cpu_sysfs
+from _shared import WORKLOADS, ZEN3_HOST_CACHES, ZEN3_HOST_CPUINFO, matmul_module, write_cpu_sysfs
 
 
 def test_large_vector_tile_infeasible_on_host_cpu():
@@ -240,25 +240,10 @@ func.func @mm(%a: tensor<64x256xf32>, %b: tensor<256x768xf32>) -> tensor<64x768x
     assert compute_s([4, 12]) == pytest.approx(compute_s([4, 16]) * 16 / 12, rel=0.02)
 
 
-def _nk_or_kn(layout: str, m: int = 128, n: int = 768, k: int = 3072) -> str:
-    """An f32 matmul with B stored [k, n] ("kn") or [n, k] ("nk", nn.Linear's weight layout)."""
-    b_t, b_map = ((f"tensor<{k}x{n}xf32>", "affine_map<(d0, d1, d2) -> (d2, d1)>") if layout == "kn"
-                  else (f"tensor<{n}x{k}xf32>", "affine_map<(d0, d1, d2) -> (d1, d2)>"))
-    return f"""
-func.func @f(%a: tensor<{m}x{k}xf32>, %b: {b_t}) -> tensor<{m}x{n}xf32> {{
-  %z = arith.constant 0.0 : f32
-  %e = tensor.empty() : tensor<{m}x{n}xf32>
-  %c = linalg.fill ins(%z : f32) outs(%e : tensor<{m}x{n}xf32>) -> tensor<{m}x{n}xf32>
-  %r = linalg.matmul indexing_maps = [affine_map<(d0, d1, d2) -> (d0, d2)>, {b_map}, affine_map<(d0, d1, d2) -> (d0, d1)>]
-       ins(%a, %b : tensor<{m}x{k}xf32>, {b_t}) outs(%c : tensor<{m}x{n}xf32>) -> tensor<{m}x{n}xf32>
-  return %r : tensor<{m}x{n}xf32>
-}}"""
-
-
 def _layout_latency(layout: str, vec: list[int], red: int) -> float:
     hw = avx512_host()
     with context():
-        tagged = tag_tileable_ops(parse_module(_nk_or_kn(layout)))
+        tagged = tag_tileable_ops(parse_module(matmul_module(layout)))
         return estimate_cost(apply_plan(tagged, matmul_plan([64, 128], vec, red)).module, hw).latency_s
 
 
@@ -288,7 +273,7 @@ def test_a_register_row_of_a_vector_and_a_half_is_built_element_by_element() -> 
     slower than 8x16 on a Zen 4, 8x49 6.7x (IREE builds a row that is not a whole number of
     vectors with element inserts); 8x7, one partial vector, only idles lanes."""
     hw = avx512_host()
-    text = _nk_or_kn("kn", m=160, n=49, k=576)
+    text = matmul_module("kn", m=160, n=49, k=576)
 
     def latency(dist: list[int], vec: list[int]) -> float:
         with context():
@@ -315,7 +300,7 @@ def test_a_transposed_b_tiles_shuffles_add_to_its_fmas() -> None:
 
 def _rows_latency(hw, m: int, dist: list[int], vec: list[int], red: int) -> float:
     with context():
-        tagged = tag_tileable_ops(parse_module(_nk_or_kn("kn", m=m, n=512, k=2048)))
+        tagged = tag_tileable_ops(parse_module(matmul_module("kn", m=m, n=512, k=2048)))
         return estimate_cost(apply_plan(tagged, matmul_plan(dist, vec, red)).module, hw).latency_s
 
 

@@ -16,7 +16,7 @@ from service.search.engine import tune
 from service.search.knobs import KnobName, fuse_knob, group_name, group_of, loop_knob, tile_knob
 from service.search.space import build_space
 
-from _shared import workload as source
+from _shared import matmul_module, workload as source
 
 
 def evaluated_plans(result) -> list[Plan]:
@@ -296,14 +296,7 @@ def test_where_remainders_are_masked_a_reduction_tile_divides_the_reduction():
     assert reduction_sizes(1000) == [0, 1, 2, 4, 8, 16, 32, 64, 128]
     assert reduction_sizes(3072, dividing=True) == reduction_sizes(3072)
 
-    module = """
-func.func @mm(%a: tensor<7x1000xf32>, %b: tensor<1000x512xf32>) -> tensor<7x512xf32> {
-  %z = arith.constant 0.0 : f32
-  %e = tensor.empty() : tensor<7x512xf32>
-  %f = linalg.fill ins(%z : f32) outs(%e : tensor<7x512xf32>) -> tensor<7x512xf32>
-  %r = linalg.matmul ins(%a, %b : tensor<7x1000xf32>, tensor<1000x512xf32>) outs(%f : tensor<7x512xf32>) -> tensor<7x512xf32>
-  return %r : tensor<7x512xf32>
-}"""
+    module = matmul_module("kn", m=7, n=512, k=1000)
     host = get_profile("host-cpu")
     peeling = host.model_copy(update={"compute": host.compute.model_copy(update={"masked_remainders": False})})
     graph = analyze(module).graph
