@@ -37,6 +37,8 @@ ANCHOR_KINDS = ("contraction", "convolution", "reduction")
 # 10: the innermost dim's tiles divide it or leave whole vectors (outer_sizes), and may be the
 #     largest divisor under a vector (inner_sizes); a 1x1 convolution's output channels keep
 #     register tiles of 1 (single_row_dims).
+# 11: a contraction's rows that 8 does not divide also get their largest divisor up to 8.
+# 12: where remainders are masked (hardware), a reduction tile divides the reduction.
 SPACE_VERSION = "search-space/12"
 _ELEMENT_BYTES = {"f64": 8, "i64": 8, "f32": 4, "i32": 4, "f16": 2, "bf16": 2, "i16": 2, "i8": 1, "i1": 1}
 
