@@ -474,9 +474,10 @@ def _tune_via_server(server: str, token: str | None, file: Path, hardware: str, 
         for name, text in (("transform.mlir", decision.transform_script), ("tiled.mlir", decision.tiled_module)):
             if text:
                 (out / name).write_text(text)
-    no_spec = None
+    no_spec = spec_written = None
     if spec_out is not None and decision.tuning_spec:
         spec_out.write_text(decision.tuning_spec)
+        spec_written = spec_out
     elif spec_out is not None and not (decision.plan or {}).get("groups"):
         _no_spec_needed(spec_out, as_json)
     elif spec_out is not None:
@@ -484,7 +485,7 @@ def _tune_via_server(server: str, token: str | None, file: Path, hardware: str, 
     if as_json:
         typer.echo(decision.model_dump_json(indent=2))
     else:
-        _print_server_decision(server, decision, out, spec_out if spec_out is not None and decision.tuning_spec else None)
+        _print_server_decision(server, decision, out, spec_written)
     if no_spec is not None:
         typer.echo(f"error: no tuning spec written to {spec_out}: {no_spec}", err=True)
         raise typer.Exit(2)

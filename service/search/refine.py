@@ -108,7 +108,7 @@ def with_measured_choice(result: TuneResult, refinement: Refinement) -> TuneResu
     return result.model_copy(update=update)
 
 
-def iree_default_fastest(refinement: Refinement) -> bool:
+def _iree_default_fastest(refinement: Refinement) -> bool:
     """IREE's default measured no slower (CPU time per call) than the fastest measured plan."""
     if refinement.chosen is None or refinement.default is None or not refinement.default.ok:
         return False
@@ -122,7 +122,7 @@ def measured_answer(result: TuneResult, refinement: Refinement, k: int) -> TuneR
     which was kept."""
     chosen = with_measured_choice(result, refinement)
     kept = "candidate" if refinement.chosen is not None else "predicted"
-    if iree_default_fastest(refinement):
+    if _iree_default_fastest(refinement):
         untiled = next(t for t in result.trials if t.source == "untiled")
         kept = "iree_default"
         chosen = chosen.model_copy(update={"plan": {"groups": []}, "plan_hash": Plan().plan_hash(),
