@@ -21,7 +21,7 @@ from service.measure.lowering import (
     vector_tile_elements,
 )
 from service.measure.timing import BenchSettings, measure_plan, measure_plan_and_default
-from service.measure.tools import chosen_translation_infos, host_translation_info
+from service.measure.tools import chosen_lowering_configs, chosen_translation_infos, compile_module, host_translation_info
 
 from _shared import TINY_MATMUL, WORKLOADS
 
@@ -140,8 +140,34 @@ def test_convolution_is_refused_not_faked():
     text = (WORKLOADS / "conv_relu.mlir").read_text()
     plan = {"groups": [{"anchor": ("linalg.conv_2d_nhwc_hwcf", 0), "fuse": [],
                         "levels": [{"tile_sizes": [1, 8, 8, 32, 0, 0, 0]}]}]}
-    with pytest.raises(NotMeasurable, match="silently drops"):
+    with pytest.raises(NotMeasurable, match="unit batch dim"):
         measure_plan(text, plan, settings=FAST)
+
+
+def _nchw_conv(batch: int, config: str) -> str:
+    x, y = f"tensor<{batch}x16x18x18xf32>", f"tensor<{batch}x32x16x16xf32>"
+    return f"""
+func.func @f(%x: {x}, %w: tensor<32x16x3x3xf32>) -> {y} {{
+  %z = arith.constant 0.0 : f32
+  %e = tensor.empty() : {y}
+  %c = linalg.fill ins(%z : f32) outs(%e : {y}) -> {y}
+  %r = linalg.conv_2d_nchw_fchw {{compilation_info = {config}, dilations = dense<1> : tensor<2xi64>, strides = dense<1> : tensor<2xi64>}}
+       ins(%x, %w : {x}, tensor<32x16x3x3xf32>) outs(%c : {y}) -> {y}
+  return %r : {y}
+}}"""
+
+
+@pytest.mark.parametrize("batch, kept", [(1, False), (2, True)])
+def test_iree_drops_a_config_forced_on_a_convolution_only_without_its_unit_batch(tmp_path, batch, kept):
+    """What CONVOLUTION_NOT_CONFIGURED tells users, checked against this IREE: a batch-1
+    convolution loses its forced config; a batched one keeps it."""
+    config = LoweringConfig(distribution=[0, 16, 4, 16, 0, 0, 0], vector_common_parallel=[1, 4, 1, 16, 0, 0, 0],
+                            vector_reduction=[0, 0, 0, 0, 4, 1, 1])
+    translation = "#iree_codegen.translation_info<pipeline = #iree_cpu.pipeline<ConvTileAndDecomposeExpert>>"
+    (tmp_path / "conv.mlir").write_text(_nchw_conv(batch, compilation_info_text(config, translation)))
+    compile_module(tmp_path / "conv.mlir", tmp_path / "conv.vmfb", tmp_path / "configs", timeout_s=120)
+    chosen = [lowering_config_of(c) for c in chosen_lowering_configs(tmp_path / "configs")]
+    assert (config.model_copy(update={"anchor": None}) in chosen) is kept, chosen
 
 
 def test_a_dynamic_dim_is_sized_by_its_shape_hint_or_refused():

@@ -145,6 +145,26 @@ def test_a_dispatch_without_a_contraction_is_left_to_iree_with_its_reason(tmp_pa
     assert report.spec is None and not (tmp_path / "spec.mlir").exists()
 
 
+CONV_MODEL = """
+func.func @main(%x: tensor<1x8x18x18xf32>, %w: tensor<16x8x3x3xf32>) -> tensor<1x16x16x16xf32> {
+  %z = arith.constant 0.0 : f32
+  %e = tensor.empty() : tensor<1x16x16x16xf32>
+  %c = linalg.fill ins(%z : f32) outs(%e : tensor<1x16x16x16xf32>) -> tensor<1x16x16x16xf32>
+  %r = linalg.conv_2d_nchw_fchw {dilations = dense<1> : tensor<2xi64>, strides = dense<1> : tensor<2xi64>}
+       ins(%x, %w : tensor<1x8x18x18xf32>, tensor<16x8x3x3xf32>) outs(%c : tensor<1x16x16x16xf32>) -> tensor<1x16x16x16xf32>
+  return %r : tensor<1x16x16x16xf32>
+}"""
+
+
+def test_a_batch_1_convolution_is_left_to_iree_saying_why(tmp_path):
+    model = tmp_path / "conv.mlir"
+    model.write_text(CONV_MODEL)
+    report = tune_model(model, get_profile("host-cpu"), tmp_path / "spec.mlir", budget=8)
+    (conv,) = [d for d in report.dispatches if "conv" in d.name]
+    assert not conv.tuned and conv.reason.startswith("convolution: ") and "unit batch dim" in conv.reason
+    assert report.spec is None
+
+
 def test_input_iree_cannot_compile_is_a_clear_error(tmp_path):
     model = tmp_path / "broken.mlir"
     model.write_text("func.func @main(%x: tensor<4xf32>) -> tensor<4xf32> { return %y : tensor<4xf32> }")

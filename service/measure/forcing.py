@@ -21,12 +21,13 @@ from service.ir.graph import describe_op, tag_tileable_ops, uid_of, walk_ops
 from service.ir.hints import hint_for
 from service.ir.mlir import attribute_names, context, ir
 
-from .lowering import CONFIGURABLE_KINDS, LoweringConfig, compilation_info_text, lowering_config_from_levels
+from .lowering import CONFIGURABLE_KINDS, CONVOLUTION_NOT_CONFIGURED, LoweringConfig, compilation_info_text, lowering_config_from_levels
 from .tools import host_translation_info
 
-# Ops whose `compilation_info` IREE 3.13 silently drops and replaces with its own config (checked
-# for conv_2d; other ops are caught after compiling, by comparing with the configs IREE dumps).
+# Named convolutions are not forced (other ops IREE ignores a config on are caught after
+# compiling, by comparing with the configs IREE dumps).
 _IGNORED_CONFIG_PREFIXES = ("linalg.conv_", "linalg.depthwise_conv_")
+
 
 _NUMPY_DTYPES = {
     "f16": np.float16,
@@ -187,10 +188,7 @@ def force_plan(
         for group in _groups(plan):
             op = find_anchor(module, group["anchor"])
             if op.name.startswith(_IGNORED_CONFIG_PREFIXES):
-                raise NotMeasurable(
-                    f"{op.name}: IREE 3.13 silently drops a compilation_info on convolutions and "
-                    "keeps its own config, so a forced conv plan cannot be measured"
-                )
+                raise NotMeasurable(f"{op.name}: a forced convolution plan cannot be measured: {CONVOLUTION_NOT_CONFIGURED}")
             described = describe_op(op, uid=-1)
             if described.kind not in CONFIGURABLE_KINDS:
                 continue  # IREE's CPU backend takes tile sizes for its root op only: it tiles this one itself

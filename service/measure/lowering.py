@@ -23,6 +23,16 @@ CONFIGURABLE_KINDS = ("contraction", "convolution")
 
 _LOWERING_CONFIG_PREFIX = "#iree_cpu.lowering_config<"
 
+# Why a convolution keeps IREE's config, checked on IREE 3.13 (docs/benchmarks.md, session 18):
+# dispatch formation strips a unit batch dim, and InsertBatchDimForBatchlessConvPass, which runs
+# after the tuning spec and compilation_info are applied, rebuilds the op without them. A conv
+# with batch 2 keeps a forced config, but tilesearch neither matches nor measures convolutions.
+CONVOLUTION_NOT_CONFIGURED = (
+    "IREE 3.13 drops a config forced on a convolution with a unit batch dim (its "
+    "InsertBatchDimForBatchlessConvPass rebuilds the op after the tuning spec is applied), and tilesearch "
+    "configures contractions only"
+)
+
 
 class LoweringConfig(BaseModel):
     """IREE CPU lowering config of one op: tile sizes per IREE tiling level, over its loop dims."""

@@ -19,7 +19,7 @@ from service.ir.graph import OpGraph, TileableOp
 from service.ir.plan import Plan
 from service.ir.mlir import context, ir
 
-from .lowering import compilation_info_text, lowering_config_from_levels, lowering_config_text
+from .lowering import CONVOLUTION_NOT_CONFIGURED, compilation_info_text, lowering_config_from_levels, lowering_config_text
 
 
 @dataclass(frozen=True)
@@ -134,8 +134,7 @@ def why_no_spec(graph: OpGraph, plan: Plan) -> str:
                 "dim size, so a spec is for static shapes only")
     convolutions = [op for op in anchors if op.kind == "convolution"]
     if convolutions:
-        return (f"{convolutions[0].name} is a convolution: IREE's CPU backend drops a forced compilation_info on "
-                "linalg.conv_* ops")
+        return f"{convolutions[0].name} is a convolution: {CONVOLUTION_NOT_CONFIGURED}"
     return "the plan configures no contraction: " + ", ".join(sorted({f"{op.name} ({op.kind})" for op in anchors}))
 
 

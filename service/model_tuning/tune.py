@@ -37,6 +37,7 @@ from service.ir.graph import OpGraph, TileableOp
 from service.ir.plan import Plan
 from service.measure.dispatch_profile import DispatchTime
 from service.measure.forcing import write_inputs
+from service.measure.lowering import CONVOLUTION_NOT_CONFIGURED
 from service.measure.timing import Measurement
 from service.measure.tools import ToolFailure, host_translation_info, iree_version
 from service.measure.tuning_spec import ContractionMatcher, contraction_matcher, tuning_spec
@@ -61,8 +62,7 @@ from .in_model import RootUnderTest, confirm_in_model, time_in_model, whole_buil
 
 ProgressFn = Callable[[str, int, int], None]  # (dispatch name, slices done, slices in all)
 _SLICE = 32  # evaluations per scheduler slice
-_CONVOLUTION_REASON = ("convolution: IREE's CPU backend drops a forced compilation_info on "
-                       "linalg.conv_* ops, so its own config is kept")
+_CONVOLUTION_REASON = f"convolution: {CONVOLUTION_NOT_CONFIGURED}; IREE's own config is kept"
 
 
 class ModelInputError(Exception):
