@@ -187,6 +187,22 @@ func.func @f(%a: tensor<{m}x{k}xf32>, %b: {b_t}) -> tensor<{m}x{n}xf32> {{
 }}"""
 
 
+
+def nchw_conv_module(batch: int, c_in: int = 16, c_out: int = 32, size: int = 16, compilation_info: str | None = None) -> str:
+    """A 3x3 `linalg.conv_2d_nchw_fchw` as torch exports it, `compilation_info` forced on it if given."""
+    x, y, w = (f"tensor<{batch}x{c_in}x{size + 2}x{size + 2}xf32>", f"tensor<{batch}x{c_out}x{size}x{size}xf32>",
+               f"tensor<{c_out}x{c_in}x3x3xf32>")
+    forced = f"compilation_info = {compilation_info}, " if compilation_info else ""
+    return f"""
+func.func @main(%x: {x}, %w: {w}) -> {y} {{
+  %z = arith.constant 0.0 : f32
+  %e = tensor.empty() : {y}
+  %c = linalg.fill ins(%z : f32) outs(%e : {y}) -> {y}
+  %r = linalg.conv_2d_nchw_fchw {{{forced}dilations = dense<1> : tensor<2xi64>, strides = dense<1> : tensor<2xi64>}}
+       ins(%x, %w : {x}, {w}) outs(%c : {y}) -> {y}
+  return %r : {y}
+}}"""
+
 # A small matmul with three distinct dims IREE compiles in a second or two, for the tests that
 # store real IREE measurements.
 MATMUL_64X96X80 = """

@@ -23,7 +23,7 @@ from service.measure.lowering import (
 from service.measure.timing import BenchSettings, measure_plan, measure_plan_and_default
 from service.measure.tools import chosen_lowering_configs, chosen_translation_infos, compile_module, host_translation_info
 
-from _shared import TINY_MATMUL, WORKLOADS
+from _shared import TINY_MATMUL, WORKLOADS, nchw_conv_module
 
 MATMUL_ITERS = ["parallel", "parallel", "reduction"]
 
@@ -144,19 +144,6 @@ def test_convolution_is_refused_not_faked():
         measure_plan(text, plan, settings=FAST)
 
 
-def _nchw_conv(batch: int, config: str) -> str:
-    x, y = f"tensor<{batch}x16x18x18xf32>", f"tensor<{batch}x32x16x16xf32>"
-    return f"""
-func.func @f(%x: {x}, %w: tensor<32x16x3x3xf32>) -> {y} {{
-  %z = arith.constant 0.0 : f32
-  %e = tensor.empty() : {y}
-  %c = linalg.fill ins(%z : f32) outs(%e : {y}) -> {y}
-  %r = linalg.conv_2d_nchw_fchw {{compilation_info = {config}, dilations = dense<1> : tensor<2xi64>, strides = dense<1> : tensor<2xi64>}}
-       ins(%x, %w : {x}, tensor<32x16x3x3xf32>) outs(%c : {y}) -> {y}
-  return %r : {y}
-}}"""
-
-
 @pytest.mark.parametrize("batch, kept", [(1, False), (2, True)])
 def test_iree_drops_a_config_forced_on_a_convolution_only_without_its_unit_batch(tmp_path, batch, kept):
     """What CONVOLUTION_NOT_CONFIGURED tells users, checked against this IREE: a batch-1
@@ -164,7 +151,7 @@ def test_iree_drops_a_config_forced_on_a_convolution_only_without_its_unit_batch
     config = LoweringConfig(distribution=[0, 16, 4, 16, 0, 0, 0], vector_common_parallel=[1, 4, 1, 16, 0, 0, 0],
                             vector_reduction=[0, 0, 0, 0, 4, 1, 1])
     translation = "#iree_codegen.translation_info<pipeline = #iree_cpu.pipeline<ConvTileAndDecomposeExpert>>"
-    (tmp_path / "conv.mlir").write_text(_nchw_conv(batch, compilation_info_text(config, translation)))
+    (tmp_path / "conv.mlir").write_text(nchw_conv_module(batch, compilation_info=compilation_info_text(config, translation)))
     compile_module(tmp_path / "conv.mlir", tmp_path / "conv.vmfb", tmp_path / "configs", timeout_s=120)
     chosen = [lowering_config_of(c) for c in chosen_lowering_configs(tmp_path / "configs")]
     assert (config.model_copy(update={"anchor": None}) in chosen) is kept, chosen

@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from _shared import SHARED, tuning_every_dispatch
+from _shared import SHARED, nchw_conv_module, tuning_every_dispatch
 
 from service.hardware.profiles import get_profile
 from service.measure.whole_model import compile_model, input_program, model_arguments, run_outputs, write_inputs
@@ -145,20 +145,9 @@ def test_a_dispatch_without_a_contraction_is_left_to_iree_with_its_reason(tmp_pa
     assert report.spec is None and not (tmp_path / "spec.mlir").exists()
 
 
-CONV_MODEL = """
-func.func @main(%x: tensor<1x8x18x18xf32>, %w: tensor<16x8x3x3xf32>) -> tensor<1x16x16x16xf32> {
-  %z = arith.constant 0.0 : f32
-  %e = tensor.empty() : tensor<1x16x16x16xf32>
-  %c = linalg.fill ins(%z : f32) outs(%e : tensor<1x16x16x16xf32>) -> tensor<1x16x16x16xf32>
-  %r = linalg.conv_2d_nchw_fchw {dilations = dense<1> : tensor<2xi64>, strides = dense<1> : tensor<2xi64>}
-       ins(%x, %w : tensor<1x8x18x18xf32>, tensor<16x8x3x3xf32>) outs(%c : tensor<1x16x16x16xf32>) -> tensor<1x16x16x16xf32>
-  return %r : tensor<1x16x16x16xf32>
-}"""
-
-
 def test_a_batch_1_convolution_is_left_to_iree_saying_why(tmp_path):
     model = tmp_path / "conv.mlir"
-    model.write_text(CONV_MODEL)
+    model.write_text(nchw_conv_module(1, c_in=8, c_out=16))
     report = tune_model(model, get_profile("host-cpu"), tmp_path / "spec.mlir", budget=8)
     (conv,) = [d for d in report.dispatches if "conv" in d.name]
     assert not conv.tuned and conv.reason.startswith("convolution: ") and "unit batch dim" in conv.reason
