@@ -14,7 +14,7 @@ from fastapi.testclient import TestClient
 from pydantic import ValidationError
 from sqlalchemy import func, select
 
-from _shared import workload
+from _shared import matmul_module, workload
 from service.api.app import create_app
 from service.config import Settings
 from service.ir.errors import InvalidTextError, ModuleTooLargeError, NestingTooDeepError
@@ -208,6 +208,16 @@ def test_hints_and_buckets_are_bounded_at_validation(migrated_url) -> None:
         many = client.post("/v1/tilings", json={"module": dynamic, "hardware": "host-cpu", "shape_hints": {"arg0": [8, 1024]},
                                                 "buckets": {"arg0.0": list(range(1, 2001))}})
         assert many.status_code == 422 and f"at most {MAX_BUCKET_VALUES}" in many.text
+
+
+def test_a_static_dim_of_a_billion_is_answered_not_timed_out(migrated_url) -> None:
+    """The space lists each dim's divisors; scanning every number below a 10^9 extent took a
+    minute, so the request hit its time limit (422) and identical requests queued behind it."""
+    module = matmul_module("kn", 10**9, 10**9, 10**9)
+    with TestClient(create_app(Settings(database_url=migrated_url, pool_workers=1))) as client:
+        r = client.post("/v1/tilings", json={"module": module, "hardware": "host-cpu", "budget": 8})
+        assert r.status_code == 200, r.text
+        assert r.json()["plan"]["groups"]
 
 
 # --------------------------------------------------------------------------- 7. caches by bytes

@@ -41,7 +41,7 @@ def outer_sizes(extent: int, min_size: int = 32, max_choices: int = 6, dynamic: 
     197 keys, tiled by 64, measured 8x faster than IREE's default)."""
     min_size = min(min_size, max(1, extent // 4))  # small dims still get a few choices
     sizes = {s for s in _pow2_upto(extent, min_size)}
-    sizes |= {d for d in range(min_size, extent) if extent % d == 0 and (extent // d) <= 64}
+    sizes |= {extent // q for q in range(2, 65) if extent % q == 0 and extent // q >= min_size}  # divisors, <= 64 tiles
     if vector_elems and not dynamic:
         whole = {s for s in sizes if extent % s == 0 or (s % vector_elems == 0 and (
             extent % s % vector_elems == 0 or extent // s >= NARROW_SHARE))}
