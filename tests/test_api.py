@@ -174,6 +174,14 @@ def test_hardware_endpoints(migrated_url):
         assert invalid.status_code == 422 and "capacities grow inward" in json.dumps(invalid.json())
         assert client.post("/v1/hardware", json={**CUSTOM_HW, "bogus": 1}).status_code == 422
 
+        # The detected host is not a name a client can take over (a new user's trial stored a
+        # 64-core "host-cpu" for everyone, and measured under it).
+        host = client.get("/v1/hardware/host-cpu").json()
+        taken = client.post("/v1/hardware", json={**host["spec"], "compute": {**host["spec"]["compute"], "cores": 64}})
+        assert taken.status_code == 409 and taken.json()["detail"]["error"] == "ReservedHardwareName"
+        assert "another name" in taken.json()["detail"]["message"]
+        assert client.get("/v1/hardware/host-cpu").json()["hash"] == host["hash"]
+
 
 def test_health_and_readiness(database_url):
     # not migrated: alive, not ready

@@ -23,7 +23,7 @@ from service.jobs.service import JobNotFound
 from service.search.errors import SearchInputError
 from service.store.migrate import DatabaseNotMigrated, schema_missing
 from service.store.query import InvalidCursor
-from service.tiling.errors import PoolSaturated, TilingFailed
+from service.tiling.errors import PoolSaturated, ReservedHardwareName, TilingFailed
 
 log = logging.getLogger("tilesearch.api")
 
@@ -46,6 +46,10 @@ def _ir_error(_request: Request, exc: IRError) -> JSONResponse:
 
 def _unknown_hardware(_request: Request, exc: UnknownHardwareError) -> JSONResponse:
     return error_response(404, "UnknownHardware", str(exc), known=exc.known)
+
+
+def _reserved_hardware_name(_request: Request, exc: ReservedHardwareName) -> JSONResponse:
+    return error_response(409, "ReservedHardwareName", str(exc))
 
 
 def _job_not_found(_request: Request, exc: JobNotFound) -> JSONResponse:
@@ -131,6 +135,7 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(IRError, _ir_error)
     app.add_exception_handler(UnknownHardwareError, _unknown_hardware)
     app.add_exception_handler(JobNotFound, _job_not_found)
+    app.add_exception_handler(ReservedHardwareName, _reserved_hardware_name)
     app.add_exception_handler(PoolSaturated, _pool_saturated)
     app.add_exception_handler(InvalidCursor, _invalid_cursor)
     app.add_exception_handler(SearchInputError, _search_input)

@@ -435,12 +435,13 @@ def _no_spec_needed(path: Path, as_json: bool) -> None:
 def _write_spec(source: str | bytes, plan: dict, hardware, path: Path) -> str | None:
     """Write the plan's IREE tuning spec (its contraction anchors' configs) to `path`; or say
     why it has none."""
+    from service.hardware.profiles import HOST_CPU
     from service.ir.analysis import analyze
     from service.ir.plan import Plan
     from service.measure.tools import host_translation_info
     from service.measure.tuning_spec import spec_for_plan, why_no_spec
 
-    translation_info = host_translation_info() if hardware.name == "host-cpu" else None
+    translation_info = host_translation_info() if hardware.name == HOST_CPU else None
     graph, parsed = analyze(source).graph, Plan.model_validate(plan)
     spec = spec_for_plan(graph, parsed, translation_info)
     if spec is None:

@@ -26,6 +26,8 @@ GiB = 1024 * MiB
 
 HARDWARE_DIR_ENV = "TILESEARCH_HARDWARE_DIR"
 DEFAULT_HARDWARE_DIR = "./var/hardware"
+# The profile of the CPU this process runs on, read off it at start (detect_host_cpu).
+HOST_CPU = "host-cpu"
 
 
 class UnknownHardwareError(KeyError):
@@ -208,7 +210,7 @@ def host_cpu_model(facts: HostFacts, cache_dir: str = "sysfs") -> HardwareModel:
     lanes_f32 = vector_width // 4
     peak_f32 = cores * lanes_f32 * 2 * 2 * _HOST_EFFECTIVE_HZ
     return HardwareModel(
-        name="host-cpu",
+        name=HOST_CPU,
         description=f"this machine: {vendor or 'unknown vendor'}, {cores} cores, {vector_width * 8}-bit vectors, caches from {cache_dir}",
         memory_levels=levels,
         compute=Compute(
@@ -288,7 +290,7 @@ def gpu_h100() -> HardwareModel:
     )
 
 
-_BUILTINS = {"host-cpu": detect_host_cpu, "npu-sram-256k": npu_sram_256k, "gpu-h100": gpu_h100}
+_BUILTINS = {HOST_CPU: detect_host_cpu, "npu-sram-256k": npu_sram_256k, "gpu-h100": gpu_h100}
 
 
 @cache

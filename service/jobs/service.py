@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from service.hardware.model import HardwareModel
+from service.hardware.profiles import HOST_CPU
 from service.store import decisions, jobs
 from service.store.db import session_scope
 from service.store.models import ItemState, Job
@@ -93,7 +94,7 @@ class JobService:
                 decision = decisions.get_decision(session, item.decision_id) if item.decision_id else None
                 if decision is not None and decision.plan:
                     plans.append((item.module, decision.plan))
-        host_cpu = _hardware_name(job) == "host-cpu"
+        host_cpu = _hardware_name(job) == HOST_CPU
         spec = rt.sandbox.run(merged_spec, plans, host_cpu, timeout=rt.settings.request_timeout_s) if plans else None
         if spec is None:
             raise NoSpecYet(f"job {job_id}: none of its {len(done)} done items configures a contraction"

@@ -11,6 +11,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from service.config import Settings
 from service.hardware.model import HardwareModel
+from service.hardware.profiles import HOST_CPU
 from service.ir.sandbox import Sandbox
 from service.store.db import make_engine, make_sessionmaker
 from service.store.migrate import check_ready
@@ -77,7 +78,7 @@ def serve_worker(settings: Settings, concurrency: int, queues: list[str] | None)
     try:
         sessions = make_sessionmaker(engine)
         runtime = JobRuntime(sessions, sandbox, TilingService(sessions, sandbox, settings), settings)
-        host = runtime.tiling.hardware.resolve("host-cpu")
+        host = runtime.tiling.hardware.resolve(HOST_CPU)
         _warm_up(runtime, host)
         queues = [*(queues or [SEARCH_QUEUE, measure_queue(this_host())]), MAINTENANCE_QUEUE]
         log.info("worker: queues %s; %d at once", ", ".join(queues), concurrency)

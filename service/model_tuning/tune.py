@@ -30,6 +30,7 @@ from pathlib import Path
 from pydantic import BaseModel, Field
 
 from service.hardware.model import HardwareModel
+from service.hardware.profiles import HOST_CPU
 from service.ir.analysis import analyze
 from service.ir.dispatch import Dispatch, dispatches_of
 from service.ir.errors import IRError, NotAModelError
@@ -466,7 +467,7 @@ def tune_model(model: Path, hardware: HardwareModel, spec_out: Path, *, budget: 
         total = budget if budget is not None else 64 * max(1, len(candidates))
         if candidates:
             _search(candidates, hardware, total, seconds, seed, progress)
-        translation = host_translation_info() if hardware.name == "host-cpu" else None
+        translation = host_translation_info() if hardware.name == HOST_CPU else None
         ranked = sorted(candidates, key=lambda c: -(c.dispatch.weight * (c.latency_s or 0.0)))
         if measure_top and candidates:
             with refused_as(f"cannot run {model.name} to measure it"):

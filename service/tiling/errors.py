@@ -23,3 +23,13 @@ class TilingFailed(Exception):
         )
         self.error = error
         self.detail = detail
+
+
+class ReservedHardwareName(Exception):
+    """A custom model may not take the name of the machine the service runs on: requests naming
+    it are measured on this CPU and its decisions shared by every client."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"'{name}' names the CPU this service runs on, detected at start; "
+                         "store your model under another name and ask for that name")
+        self.name = name

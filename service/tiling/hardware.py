@@ -19,10 +19,12 @@ from typing import Literal
 from sqlalchemy.orm import Session, sessionmaker
 
 from service.hardware.model import HardwareModel
-from service.hardware.profiles import UnknownHardwareError, get_profile, list_profiles
+from service.hardware.profiles import HOST_CPU, UnknownHardwareError, get_profile, list_profiles
 from service.measure.cache import host_key
 from service.store import calibrations, catalog
 from service.store.db import session_scope
+
+from .errors import ReservedHardwareName
 
 HardwareSource = Literal["builtin", "stored"]
 
@@ -49,8 +51,9 @@ def known_hardware_names(session: Session) -> list[str]:
 
 
 def find_base_hardware(session: Session, name: str) -> NamedHardware:
-    """The model called `name` before any stored calibration; UnknownHardwareError if none."""
-    stored = catalog.get_hardware_by_name(session, name)
+    """The model called `name` before any stored calibration; UnknownHardwareError if none. The
+    detected host is never a stored row's (one stored before store_hardware refused the name)."""
+    stored = catalog.get_hardware_by_name(session, name) if name != HOST_CPU else None
     if stored is not None:
         return NamedHardware(HardwareModel.model_validate(stored.spec), "stored")
     try:
@@ -82,13 +85,17 @@ def resolve_hardware(session: Session, spec: str | HardwareModel) -> HardwareMod
 def list_named_hardware(session: Session) -> list[NamedHardware]:
     """Every known model by name, a stored one in place of a profile of the same name."""
     builtin = {name: NamedHardware(get_profile(name), "builtin") for name in list_profiles()}
-    stored = {row.name: NamedHardware(HardwareModel.model_validate(row.spec), "stored") for row in catalog.list_hardware(session)}
+    stored = {row.name: NamedHardware(HardwareModel.model_validate(row.spec), "stored") for row in catalog.list_hardware(session)
+              if row.name != HOST_CPU}
     merged = builtin | stored
     return [_calibrated(session, name, merged[name]) for name in sorted(merged)]
 
 
 def store_hardware(session: Session, model: HardwareModel) -> HardwareModel:
-    """Store a custom model (idempotent by content hash); the stored model is returned."""
+    """Store a custom model (idempotent by content hash); the stored model is returned. It may
+    shadow a fixed built-in profile, never the detected host (ReservedHardwareName)."""
+    if model.name == HOST_CPU:
+        raise ReservedHardwareName(model.name)
     row = catalog.upsert_hardware(session, model.content_hash(), model.name, model.model_dump(mode="json"), custom=True)
     return HardwareModel.model_validate(row.spec)
 

@@ -28,6 +28,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from service.config import Settings
 from service.hardware.model import HardwareModel
+from service.hardware.profiles import HOST_CPU
 from service.ir.analysis import analyze
 from service.ir.errors import IRError
 from service.ir.plan import Plan
@@ -48,7 +49,6 @@ from .worker import refinement_measurements
 log = logging.getLogger("tilesearch.learning")
 T = TypeVar("T")
 
-HOST_HARDWARE = "host-cpu"  # the one name measurements are taken for (measure_top refuses others)
 # A refit is due once the measurements grew by this share since the last fit (at least REFIT_MIN_NEW).
 REFIT_GROWTH = 0.25
 REFIT_MIN_NEW = 8
@@ -268,7 +268,7 @@ class Learner:
     def _background(self) -> None:
         while True:
             try:
-                self.refit_if_due(HOST_HARDWARE)
+                self.refit_if_due(HOST_CPU)
             except Exception:  # a failed background fit must not take the process down; logged
                 log.exception("background calibration fit failed")
             with self._lock:
@@ -359,8 +359,8 @@ class Learner:
             base = find_base_hardware(session, name)
             model = find_hardware(session, name).model
             status = calibration_status(session, host, name, base.model.content_hash())
-            if name != HOST_HARDWARE and status.newest_version is None:
-                note = (f"measurements are taken on this server's CPU ({host}) for {HOST_HARDWARE}; "
+            if name != HOST_CPU and status.newest_version is None:
+                note = (f"measurements are taken on this server's CPU ({host}) for {HOST_CPU}; "
                         f"{name} describes another machine")
                 return HardwareLearning(fidelity=_fidelity_out(host, model, None, note), calibration=status)
             count = measurements.count_learnable(session, host)

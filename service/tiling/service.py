@@ -35,7 +35,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from service.config import Settings
 from service.hardware.cost import COST_MODEL_VERSION
 from service.hardware.model import HardwareModel
-from service.hardware.profiles import UnknownHardwareError
+from service.hardware.profiles import HOST_CPU, UnknownHardwareError
 from service.ir.errors import IRError
 from service.ir.lexical import check_text, normalised_key
 from service.ir.mlir import provider_version
@@ -361,7 +361,7 @@ class TilingService:
     def _check_measurable_here(self, hardware: HardwareModel) -> None:
         """A measurement times IREE on this machine: it means something only for this host's
         hardware profile (host-cpu), so another hardware with measure_top is refused."""
-        host = self.hardware.resolve("host-cpu")
+        host = self.hardware.resolve(HOST_CPU)
         if hardware.content_hash() != host.content_hash():
             raise SearchInputError(f"measure_top times plans with IREE on this server's CPU, which is host-cpu; "
                                    f"hardware {hardware.name!r} is another machine: drop measure_top or ask for host-cpu")

@@ -5,6 +5,7 @@ it across the tasks of one request."""
 from __future__ import annotations
 
 from service.hardware.model import HardwareModel
+from service.hardware.profiles import HOST_CPU
 from service.ir.analysis import cached_analysis
 from service.ir.graph import OpGraph
 from service.ir.plan import Plan
@@ -80,7 +81,7 @@ def _translation_info_for(hardware: HardwareModel) -> str | None:
     """The pipeline options IREE uses on this machine when the plan is for it (host-cpu is the
     machine the service runs on): on AVX2 IREE peels remainders, and a compilation_info without
     `enable_loop_peeling` there compiles masked vectors, which run much slower."""
-    if hardware.name != "host-cpu":
+    if hardware.name != HOST_CPU:
         return None
     return host_translation_info()
 

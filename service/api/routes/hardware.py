@@ -12,10 +12,11 @@ from service.tiling.hardware import NamedHardware, find_hardware, list_named_har
 router = APIRouter(prefix="/v1/hardware", tags=["hardware"], dependencies=[TokenAuth])
 
 
-@router.post("", response_model=HardwareOut, status_code=201)
+@router.post("", response_model=HardwareOut, status_code=201, responses={409: {"model": ErrorBody}})
 def create_hardware(model: HardwareModel, service: TilingServiceDep) -> HardwareOut:
-    """Store a custom model; requests then name it. A stored name shadows a built-in profile
-    (other API processes see it within their short name cache, HARDWARE_TTL_S)."""
+    """Store a custom model; requests then name it. A stored name shadows a fixed built-in
+    profile (other API processes see it within their short name cache, HARDWARE_TTL_S); the
+    detected host's name is refused (409)."""
     return HardwareOut.from_named(NamedHardware(service.hardware.store(model), "stored"))
 
 
