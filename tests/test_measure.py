@@ -187,6 +187,23 @@ def test_tiny_matmul_forced_and_default_are_measured():
     assert result.default.config and result.default.config[0].distribution[2] == 0
 
 
+@pytest.mark.slow
+def test_an_f64_matmul_is_measured_as_iree_compiles_it_and_a_complex_one_is_refused():
+    """IREE demotes f64 to f32, so its function takes f32 inputs (a new user's trial had every
+    f64 candidate fail on an input type mismatch); complex inputs cannot be given on its command
+    line at all."""
+    f64 = TINY_MATMUL.replace("f32", "f64")
+    m = measure_plan(f64, matmul_plan([32, 32, 0], [8, 16, 0], [0, 0, 16]), settings=FAST)
+    assert m.ok, m.error
+    complex_mm = """
+func.func @c(%a: tensor<16x16xcomplex<f32>>, %b: tensor<16x16xcomplex<f32>>, %o: tensor<16x16xcomplex<f32>>) -> tensor<16x16xcomplex<f32>> {
+  %r = linalg.matmul ins(%a, %b : tensor<16x16xcomplex<f32>>, tensor<16x16xcomplex<f32>>) outs(%o : tensor<16x16xcomplex<f32>>) -> tensor<16x16xcomplex<f32>>
+  return %r : tensor<16x16xcomplex<f32>>
+}"""
+    with pytest.raises(NotMeasurable, match="complex"):
+        measure_plan(complex_mm, matmul_plan([16, 16, 0], [8, 16, 0], [0, 0, 16], anchor=0), settings=FAST)
+
+
 def test_force_plan_sets_the_translation_info_it_is_given():
     options = "#iree_codegen.translation_info<pipeline = #iree_cpu.pipeline<DoubleTilingExpert>, {enable_loop_peeling}>"
     forced = force_plan(TINY_MATMUL, matmul_plan([32, 32, 0], [8, 16, 0], [0, 0, 16]), translation_info=options)

@@ -135,15 +135,24 @@ def test_a_spec_has_one_matcher_per_root_and_parses():
     assert "transform.iree.match.dims_equal %m_dims, [32]" in spec
 
 
+# IREE demotes f64 to f32 by default: a matcher naming f64 never matched (a new user's trial).
+F64_MATMUL = """
+func.func @d(%a: tensor<64x64xf64>, %b: tensor<64x64xf64>, %o: tensor<64x64xf64>) -> tensor<64x64xf64> {
+  %r = linalg.matmul ins(%a, %b : tensor<64x64xf64>, tensor<64x64xf64>) outs(%o : tensor<64x64xf64>) -> tensor<64x64xf64>
+  return %r : tensor<64x64xf64>
+}"""
+
+
 @pytest.mark.slow
-def test_the_spec_of_one_decision_is_applied_by_iree(tmp_path):
+@pytest.mark.parametrize("text", [REPEATED_LAYER, F64_MATMUL], ids=["f32", "f64"])
+def test_the_spec_of_one_decision_is_applied_by_iree(tmp_path, text):
     from typer.testing import CliRunner
 
     from service.cli import app
     from service.measure.whole_model import compile_model, dispatch_configs
 
     module = tmp_path / "mm.mlir"
-    module.write_text(REPEATED_LAYER)
+    module.write_text(text)
     spec = tmp_path / "spec.mlir"
     result = CliRunner().invoke(app, ["tune", str(module), "--budget", "12", "--workers", "1", "--spec-out", str(spec)])
     assert result.exit_code == 0, result.output

@@ -21,7 +21,7 @@ from service.ir.graph import describe_op, tag_tileable_ops, uid_of, walk_ops
 from service.ir.hints import hint_for
 from service.ir.mlir import attribute_names, context, ir
 
-from .lowering import CONFIGURABLE_KINDS, CONVOLUTION_NOT_CONFIGURED, LoweringConfig, compilation_info_text, lowering_config_from_levels
+from .lowering import CONFIGURABLE_KINDS, CONVOLUTION_NOT_CONFIGURED, as_iree_compiles, LoweringConfig, compilation_info_text, lowering_config_from_levels
 from .tools import host_translation_info
 
 # Named convolutions are not forced (other ops IREE ignores a config on are caught after
@@ -100,7 +100,7 @@ class ArgumentSpec:
 
 
 def function_arguments(func: ir.Operation, shape_hints: Mapping[str, Sequence[int]] | None = None) -> list[ArgumentSpec]:
-    """Shapes and element types of a func's tensor arguments. A dynamic dim takes its size from
+    """Shapes and element types (as IREE compiles them) of a func's tensor arguments. A dynamic dim takes its size from
     `shape_hints` (`argN` or `FUNC.argN` -> full shape, as `tune --shape-hint` gives it);
     one without a hint is NotMeasurable."""
     ftype = ir.FunctionType(ir.TypeAttr(func.attributes["function_type"]).value)
@@ -121,7 +121,7 @@ def function_arguments(func: ir.Operation, shape_hints: Mapping[str, Sequence[in
             if len(hint) != len(shape) or any(d != ir.ShapedType.get_dynamic_size() and d != h for d, h in zip(shape, hint)):
                 raise ValueError(f"shape hint for arg{i} of @{_func_name(func)}, {'x'.join(map(str, hint))}, does not fit {t}")
             shape = tuple(int(h) for h in hint)
-        args.append(ArgumentSpec(shape, str(rt.element_type)))
+        args.append(ArgumentSpec(shape, as_iree_compiles(str(rt.element_type))))
     return args
 
 
@@ -131,6 +131,9 @@ def write_inputs(arguments: Sequence[ArgumentSpec], directory: Path, seed: int =
     flags = []
     for i, arg in enumerate(arguments):
         dtype = _NUMPY_DTYPES.get(arg.element_type)
+        if arg.element_type.startswith("complex"):
+            raise NotMeasurable(f"argument {i} is a tensor of {arg.element_type}: iree-benchmark-module takes no "
+                                "complex input on the command line")
         if dtype is None:  # e.g. bf16: numpy has no dtype; a splat has the same timing
             dims = "x".join(str(d) for d in arg.shape)
             flags.append(f"--input={dims}{'x' if dims else ''}{arg.element_type}=1")

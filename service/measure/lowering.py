@@ -34,6 +34,16 @@ CONVOLUTION_NOT_CONFIGURED = (
 )
 
 
+# IREE's input pipeline demotes f64 to f32 by default (`--iree-input-demote-f64-to-f32`): the
+# dispatches it configures, and the functions it exports, see f32.
+_DEMOTED_BY_IREE = {"f64": "f32"}
+
+
+def as_iree_compiles(element_type: str) -> str:
+    """The element type IREE compiles a value of `element_type` to, under its default flags."""
+    return _DEMOTED_BY_IREE.get(element_type, element_type)
+
+
 class LoweringConfig(BaseModel):
     """IREE CPU lowering config of one op: tile sizes per IREE tiling level, over its loop dims."""
 

@@ -19,7 +19,7 @@ from service.ir.graph import OpGraph, TileableOp
 from service.ir.plan import Plan
 from service.ir.mlir import context, ir
 
-from .lowering import CONVOLUTION_NOT_CONFIGURED, compilation_info_text, lowering_config_from_levels, lowering_config_text
+from .lowering import CONVOLUTION_NOT_CONFIGURED, as_iree_compiles, compilation_info_text, lowering_config_from_levels, lowering_config_text
 
 
 @dataclass(frozen=True)
@@ -83,7 +83,7 @@ def contraction_matcher(op: TileableOp, levels: list, name: str, translation_inf
     config = lowering_config_from_levels(levels, op.iterator_types, anchor=op.name)
     dims = contraction_dims(op.indexing_maps, len(op.loop_ranges))
     extent = lambda ds: tuple(int(op.loop_ranges[d]) for d in ds)  # noqa: E731
-    types = op.operand_element_types
+    types = [as_iree_compiles(t) for t in op.operand_element_types]
     return ContractionMatcher(
         name=name, lhs_type=types[0], rhs_type=types[1], output_type=types[-1],
         indexing_maps=tuple(op.indexing_maps),
