@@ -7,7 +7,16 @@ from pathlib import Path
 
 import typer
 
-from .common import _hardware_here, _ir_failure, _read_module, _read_text, _ready_store, _run_ir_task, server_errors
+from .common import (
+    _hardware_here,
+    _ir_failure,
+    _positive_seconds,
+    _read_module,
+    _read_text,
+    _ready_store,
+    _run_ir_task,
+    server_errors,
+)
 from .jobs import job_app, worker_cmd
 from .model import model_app
 
@@ -330,7 +339,7 @@ def tune_cmd(
     file: Path = typer.Argument(..., exists=True, dir_okay=False, metavar="MODULE.mlir", help="MLIR module"),
     hardware: str = typer.Option("host-cpu", "--hardware", help="hardware profile name"),
     budget: int = typer.Option(300, "--budget", min=1, help="distinct plans to evaluate"),
-    seconds: float | None = typer.Option(None, "--seconds", help="wall-clock limit"),
+    seconds: float | None = typer.Option(None, "--seconds", callback=_positive_seconds, help="wall-clock limit"),
     strategy: str = typer.Option("tpe", "--strategy", help="tpe | nsga2 | random | exhaustive | supertiling"),
     seed: int = typer.Option(0, "--seed"),
     as_json: bool = typer.Option(False, "--json", help="print JSON"),

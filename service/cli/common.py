@@ -92,3 +92,10 @@ def server_errors(server: str) -> Iterator[None]:
         typer.echo(f"error: {exc.message} (HTTP {exc.status_code} from {server})" + (f": {hint}" if hint else ""),
                    err=True)
         raise typer.Exit(2 if 400 <= exc.status_code < 500 else 1) from None
+
+
+def _positive_seconds(value: float | None) -> float | None:
+    """--seconds: a time limit, so more than 0 (0 read as no limit, a negative one as no search)."""
+    if value is not None and not value > 0:
+        raise typer.BadParameter(f"a time limit must be more than 0 seconds, not {value:g}; leave it out for none")
+    return value

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from .common import _ir_failure, _read_text, server_errors
+from .common import _ir_failure, _positive_seconds, _read_text, server_errors
 
 def worker_cmd(
     concurrency: int = typer.Option(1, "--concurrency", min=1, help="items at once (one sandbox process each)"),
@@ -41,7 +41,7 @@ def job_submit_cmd(
                                                       "directory of modules (*.mlir: each file one item)"),
     hardware: str = typer.Option(..., "--hardware", help="hardware profile name"),
     budget: int = typer.Option(64, "--budget", min=1, help="plans to evaluate per item"),
-    seconds: float | None = typer.Option(None, "--seconds", help="time limit per item"),
+    seconds: float | None = typer.Option(None, "--seconds", callback=_positive_seconds, help="time limit per item"),
     measure_top: int = typer.Option(0, "--measure-top", min=0, help="time each item's K best plans with IREE"),
     server: str = _SERVER,
     token: str | None = _TOKEN,

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from .common import _ir_failure
+from .common import _ir_failure, _positive_seconds
 
 model_app = typer.Typer(help="Whole models: IREE's dispatches in, one tuning spec out.", no_args_is_help=True)
 
@@ -18,7 +18,7 @@ def model_tune_cmd(
     hardware: str = typer.Option("host-cpu", "--hardware", help="hardware profile name"),
     spec_out: Path = typer.Option(..., "--spec-out", help="write the IREE tuning spec here"),
     budget: int | None = typer.Option(None, "--budget", min=1, help="plans to evaluate over the whole model (default 64 per tunable dispatch)"),
-    seconds: float | None = typer.Option(None, "--seconds", help="wall-clock limit for the search"),
+    seconds: float | None = typer.Option(None, "--seconds", callback=_positive_seconds, help="wall-clock limit for the search"),
     measure_top: int = typer.Option(0, "--measure-top", min=0, help="time each tuned root's K best predicted plans inside the model (IREE's profiler) beside IREE's default build, then the whole model with the spec"),
     seed: int = typer.Option(0, "--seed"),
     store: bool = typer.Option(True, "--store/--no-store", help="keep the run, its spec and its dispatches' "
