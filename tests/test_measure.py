@@ -140,13 +140,13 @@ def test_convolution_is_refused_not_faked():
     text = (WORKLOADS / "conv_relu.mlir").read_text()
     plan = {"groups": [{"anchor": ("linalg.conv_2d_nhwc_hwcf", 0), "fuse": [],
                         "levels": [{"tile_sizes": [1, 8, 8, 32, 0, 0, 0]}]}]}
-    with pytest.raises(NotMeasurable, match="unit batch dim"):
+    with pytest.raises(NotMeasurable, match="without a batch dim"):
         measure_plan(text, plan, settings=FAST)
 
 
 @pytest.mark.parametrize("batch, kept", [(1, False), (2, True)])
 def test_iree_drops_a_config_forced_on_a_convolution_only_without_its_unit_batch(tmp_path, batch, kept):
-    """What CONVOLUTION_NOT_CONFIGURED tells users, checked against this IREE: a batch-1
+    """What convolution_not_configured tells users, checked against this IREE: a batch-1
     convolution loses its forced config; a batched one keeps it."""
     config = LoweringConfig(distribution=[0, 16, 4, 16, 0, 0, 0], vector_common_parallel=[1, 4, 1, 16, 0, 0, 0],
                             vector_reduction=[0, 0, 0, 0, 4, 1, 1])

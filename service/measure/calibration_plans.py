@@ -14,7 +14,7 @@ from service.hardware.model import HardwareModel
 from service.ir.graph import build_graph, tag_tileable_ops
 from service.ir.parse import parse_module
 
-from .lowering import CONVOLUTION_NOT_CONFIGURED, LoweringConfig, lowering_config_from_levels
+from .lowering import LoweringConfig, convolution_not_configured, lowering_config_from_levels
 
 # IREE rejects vector tiles of 512 native vectors or more: 8192 f32 elements with AVX-512, the
 # sampler's default bound; max_vector_elements(hardware) gives a host's own (4095 with AVX2).
@@ -68,7 +68,8 @@ def load_contraction_workloads(directory: Path) -> tuple[list[ContractionWorkloa
         kinds = {op.kind for op in graph.ops.values()}
         anchors = [u for u, op in graph.ops.items() if op.kind == "contraction"]
         if "convolution" in kinds:
-            skipped[path.stem] = f"convolution: {CONVOLUTION_NOT_CONFIGURED}"
+            conv = next(op for op in graph.ops.values() if op.kind == "convolution")
+            skipped[path.stem] = f"convolution: {convolution_not_configured(conv)}"
             continue
         if len(anchors) != 1:
             skipped[path.stem] = f"{len(anchors)} contractions (calibration wants exactly one)"

@@ -21,7 +21,7 @@ from service.ir.graph import describe_op, tag_tileable_ops, uid_of, walk_ops
 from service.ir.hints import hint_for
 from service.ir.mlir import attribute_names, context, ir
 
-from .lowering import CONFIGURABLE_KINDS, CONVOLUTION_NOT_CONFIGURED, as_iree_compiles, LoweringConfig, compilation_info_text, lowering_config_from_levels
+from .lowering import CONFIGURABLE_KINDS, as_iree_compiles, convolution_not_configured, LoweringConfig, compilation_info_text, lowering_config_from_levels
 from .tools import host_translation_info
 
 # Named convolutions are not forced (other ops IREE ignores a config on are caught after
@@ -190,9 +190,10 @@ def force_plan(
         funcs: set[str] = set()
         for group in _groups(plan):
             op = find_anchor(module, group["anchor"])
-            if op.name.startswith(_IGNORED_CONFIG_PREFIXES):
-                raise NotMeasurable(f"{op.name}: a forced convolution plan cannot be measured: {CONVOLUTION_NOT_CONFIGURED}")
             described = describe_op(op, uid=-1)
+            if op.name.startswith(_IGNORED_CONFIG_PREFIXES):
+                why = convolution_not_configured(described)
+                raise NotMeasurable(f"{op.name}: a forced convolution plan cannot be measured: {why}")
             if described.kind not in CONFIGURABLE_KINDS:
                 continue  # IREE's CPU backend takes tile sizes for its root op only: it tiles this one itself
             label = f"{group['anchor']} ({op.name})"

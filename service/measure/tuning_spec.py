@@ -19,7 +19,7 @@ from service.ir.graph import OpGraph, TileableOp
 from service.ir.plan import Plan
 from service.ir.mlir import context, ir
 
-from .lowering import CONVOLUTION_NOT_CONFIGURED, as_iree_compiles, compilation_info_text, lowering_config_from_levels, lowering_config_text
+from .lowering import as_iree_compiles, convolution_not_configured, compilation_info_text, lowering_config_from_levels, lowering_config_text
 
 
 @dataclass(frozen=True)
@@ -134,7 +134,8 @@ def why_no_spec(graph: OpGraph, plan: Plan) -> str:
                 "dim size, so a spec is for static shapes only")
     convolutions = [op for op in anchors if op.kind == "convolution"]
     if convolutions:
-        return f"{convolutions[0].name} is a convolution: {CONVOLUTION_NOT_CONFIGURED}"
+        conv = convolutions[0]
+        return f"{conv.name} is a convolution: {convolution_not_configured(conv)}"
     return "the plan configures no contraction: " + ", ".join(sorted({f"{op.name} ({op.kind})" for op in anchors}))
 
 

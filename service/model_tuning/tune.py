@@ -38,7 +38,7 @@ from service.ir.graph import OpGraph, TileableOp
 from service.ir.plan import Plan
 from service.measure.dispatch_profile import DispatchTime
 from service.measure.forcing import write_inputs
-from service.measure.lowering import CONVOLUTION_NOT_CONFIGURED
+from service.measure.lowering import convolution_not_configured
 from service.measure.timing import Measurement
 from service.measure.tools import ToolFailure, host_translation_info, iree_version
 from service.measure.tuning_spec import ContractionMatcher, contraction_matcher, tuning_spec
@@ -63,7 +63,6 @@ from .in_model import RootUnderTest, confirm_in_model, time_in_model, whole_buil
 
 ProgressFn = Callable[[str, int, int], None]  # (dispatch name, slices done, slices in all)
 _SLICE = 32  # evaluations per scheduler slice
-_CONVOLUTION_REASON = f"convolution: {CONVOLUTION_NOT_CONFIGURED}; IREE's own config is kept"
 
 
 class ModelInputError(Exception):
@@ -205,7 +204,8 @@ def _classify(dispatch: Dispatch) -> tuple[_Candidate | None, DispatchReport]:
     contractions = [op for op in graph.ops.values() if op.kind == "contraction"]
     if "convolution" in kinds:
         conv = next(op for op in graph.ops.values() if op.kind == "convolution")
-        report.root_op, report.reason = conv.name, _CONVOLUTION_REASON
+        why = convolution_not_configured(conv)
+        report.root_op, report.reason = conv.name, f"convolution: {why}; IREE's own config is kept"
         return None, report
     if len(contractions) != 1:
         named = sorted(kinds) or ["no structured op"]
