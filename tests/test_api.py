@@ -86,7 +86,7 @@ def test_tiling_miss_hit_warm_reads_and_errors(migrated_url):
         # reads
         got = client.get(f"/v1/tilings/{miss['id']}").json()
         assert got["id"] == miss["id"] and got["tiled_module"] == miss["tiled_module"] and got["cache"] is None
-        assert got["tuning_spec"] == miss["tuning_spec"]
+        assert got["tuning_spec"] == miss["tuning_spec"] and got["no_tuning_spec"] is None
         assert client.get("/v1/tilings/999999").status_code == 404
         assert client.get("/v1/tilings/99999999999999").status_code == 404
 
@@ -151,6 +151,18 @@ def test_tiling_miss_hit_warm_reads_and_errors(migrated_url):
         assert _metric(text, "tilesearch_http_requests_total", method="GET", route="/v1/tilings/{decision_id}", status="404") == 2
 
         assert client.get("/").status_code == 200 and str(miss["id"]) in client.get("/").text
+
+
+def test_a_decision_without_a_spec_says_why(migrated_url):
+    """A dynamic matmul's plan has no tuning spec (IREE's matcher checks every dim); the answer
+    said nothing, and `tune --server --spec-out` then blamed the plan (a new user's trial)."""
+    with _client(migrated_url) as client:
+        miss = _tile(client, workload("dynamic_matmul"), shape_hints={"arg0": [32, 1024]}).json()
+        assert miss["plan"]["groups"] and miss["tuning_spec"] is None
+        assert "dynamic dims" in miss["no_tuning_spec"]
+        assert client.get(f"/v1/tilings/{miss['id']}").json()["no_tuning_spec"] == miss["no_tuning_spec"]
+        hit = _tile(client, workload("dynamic_matmul"), shape_hints={"arg0": [32, 1024]}).json()
+        assert hit["cache"] == "hit" and hit["no_tuning_spec"] == miss["no_tuning_spec"]
 
 
 def test_hardware_endpoints(migrated_url):

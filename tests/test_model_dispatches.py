@@ -162,6 +162,24 @@ def test_the_spec_of_one_decision_is_applied_by_iree(tmp_path, text):
     assert matmul_config is not None and matmul_config in spec.read_text()
 
 
+def test_a_jobs_merged_spec_says_which_items_it_leaves_out():
+    from service.ir.analysis import analyze
+    from service.jobs.tasks import merged_spec
+
+    static = REPEATED_LAYER
+    dynamic = (SHARED / "workloads" / "dynamic_matmul.mlir").read_text()
+
+    def plan(text: str) -> dict:
+        (anchor,) = [u for u, op in analyze(text).graph.ops.items() if op.kind == "contraction"][:1]
+        return {"groups": [{"anchor": anchor, "fuse": [], "levels": [
+            {"tile_sizes": [16, 16, 0]}, {"tile_sizes": [8, 16, 0]}, {"tile_sizes": [0, 0, 16]}]}]}
+
+    spec, left_out = merged_spec([("layer 1", static, plan(static)), ("dyn", dynamic, plan(dynamic))], host_cpu=False)
+    assert left_out == [left_out[0]] and left_out[0].startswith("item 'dyn': ") and "dynamic dims" in left_out[0]
+    assert spec.startswith(f"// not in this spec: {left_out[0]}\n") and "@match_layer_1_0" in spec
+    assert merged_spec([("dyn", dynamic, plan(dynamic))], host_cpu=False) == (None, left_out)
+
+
 def test_matcher_names_must_be_unique():
     with pytest.raises(ValueError, match="unique"):
         tuning_spec([_matcher("a", 16), _matcher("a", 32)])

@@ -32,7 +32,7 @@ __all__ = [
 
 
 # Response fields that are not ORM columns (computed, or about the request).
-_DERIVED = {"status", "complete", "cache", "request_timings"}
+_DERIVED = {"status", "complete", "cache", "request_timings", "no_tuning_spec"}
 
 
 class DecisionSummary(BaseModel):
@@ -61,6 +61,8 @@ class DecisionSummary(BaseModel):
         fields = {name: getattr(row, name) for name in cls.model_fields if name not in _DERIVED and hasattr(row, name)}
         fields["status"] = str(getattr(row.status, "value", row.status))
         fields["complete"] = (row.search_stats or {}).get("complete")
+        if "no_tuning_spec" in cls.model_fields:
+            fields["no_tuning_spec"] = (row.search_stats or {}).get("no_tuning_spec")
         return cls(**fields, **extra)
 
 
@@ -73,6 +75,8 @@ class DecisionOut(DecisionSummary):
     compilation_info: dict[str, Any] | None = Field(default=None, description="IREE compilation_info per anchor")
     tuning_spec: str | None = Field(default=None, description="IREE tuning spec giving the plan's contraction anchors "
                                     "their configs: iree-compile --iree-codegen-tuning-spec-path=FILE")
+    no_tuning_spec: str | None = Field(default=None, description="why tuning_spec is null (a dynamic dim, a convolution, "
+                                       "nothing tiled, ...)")
     origin_map: dict[str, Any] | None = None
     search_stats: dict[str, Any] | None = None
     timings: dict[str, Any] | None = Field(default=None, description="timings of the search that made it")
@@ -92,6 +96,7 @@ class DecisionOut(DecisionSummary):
             "origin_map": realised.origin if realised else None,
             "compilation_info": {uid: info.model_dump() for uid, info in realisation.compilation_info.items()},
             "tuning_spec": realisation.tuning_spec,
+            "no_tuning_spec": realisation.no_tuning_spec,
         })
 
 

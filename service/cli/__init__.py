@@ -491,7 +491,7 @@ def _tune_via_server(server: str, token: str | None, file: Path, hardware: str, 
     elif spec_out is not None and not (decision.plan or {}).get("groups"):
         _no_spec_needed(spec_out, as_json)
     elif spec_out is not None:
-        no_spec = "the server's decision configures no contraction IREE takes a config for"
+        no_spec = decision.no_tuning_spec or "the server's decision configures no contraction IREE takes a config for"
     if as_json:
         typer.echo(decision.model_dump_json(indent=2))
     else:

@@ -93,12 +93,15 @@ class JobService:
             for item in sorted(done, key=lambda i: -i.weight):
                 decision = decisions.get_decision(session, item.decision_id) if item.decision_id else None
                 if decision is not None and decision.plan:
-                    plans.append((item.module, decision.plan))
+                    plans.append((item.name, item.module, decision.plan))
+            state = jobs.summarise(session, job).state
         host_cpu = _hardware_name(job) == HOST_CPU
-        spec = rt.sandbox.run(merged_spec, plans, host_cpu, timeout=rt.settings.request_timeout_s) if plans else None
+        spec, left_out = (rt.sandbox.run(merged_spec, plans, host_cpu, timeout=rt.settings.request_timeout_s)
+                          if plans else (None, []))
         if spec is None:
-            raise NoSpecYet(f"job {job_id}: none of its {len(done)} done items configures a contraction"
-                            + ("" if done else " (none is done yet)"))
+            why = (f": {'; '.join(left_out)}" if left_out else
+                   " (none is done yet)" if state in ("queued", "running") else f" (the job is {state})")
+            raise NoSpecYet(f"job {job_id}: none of its {len(done)} done items configures a contraction{why}")
         return spec
 
     def _job(self, session, job_id: int) -> Job:

@@ -3,13 +3,15 @@ a model's dispatches as items, and the merged tuning spec of a job's finished it
 
 from __future__ import annotations
 
+import re
 import tempfile
 from pathlib import Path
 
 from service.ir.analysis import analyze
 from service.ir.errors import IRError
+from service.ir.plan import Plan
 from service.measure.tools import host_translation_info
-from service.measure.tuning_spec import ContractionMatcher, contraction_matcher, tuning_spec
+from service.measure.tuning_spec import ContractionMatcher, contraction_matcher, tuning_spec, why_no_spec
 from service.model_tuning.tune import classify_dispatches
 
 from .contract import ModelDispatch, ModelItems
@@ -28,19 +30,34 @@ def model_items(model_text: str) -> ModelItems:
     )
 
 
-def merged_spec(items: list[tuple[str, dict]], host_cpu: bool) -> str | None:
-    """One tuning spec for the items' plans, `(module text, plan)` heaviest first: a matcher per
-    distinct contraction anchor (the first, heaviest, item's config wins a shared one).
-    None: no plan configures a contraction."""
+def _symbol_safe(name: str) -> str:
+    """An item's name as part of a matcher's symbol (letters, digits and _)."""
+    return re.sub(r"[^A-Za-z0-9_]", "_", name)[:60] or "item"
+
+
+def merged_spec(items: list[tuple[str, str, dict]], host_cpu: bool) -> tuple[str | None, list[str]]:
+    """One tuning spec for the items' plans, `(name, module text, plan)` heaviest first: a matcher
+    per distinct contraction anchor (the first, heaviest, item's config wins a shared one), and
+    why each item that adds none is left out. The spec is None when no plan configures a
+    contraction; otherwise its text opens with those reasons as comments."""
     translation = host_translation_info() if host_cpu else None
     matchers: dict[tuple, ContractionMatcher] = {}
-    for module, plan in items:
+    left_out: list[str] = []
+    for name, module, plan in items:
         try:
             graph = analyze(module).graph
         except IRError:
             continue  # a done item parsed when it ran; nothing to add if that changed
+        found = 0
         for group in plan.get("groups", []):
-            m = contraction_matcher(graph.op(group["anchor"]), group["levels"], f"item_{len(matchers)}", translation)
+            symbol = f"{_symbol_safe(name)}_{len(matchers)}"
+            m = contraction_matcher(graph.op(group["anchor"]), group["levels"], symbol, translation)
             if m is not None:
                 matchers.setdefault(m.matched, m)
-    return tuning_spec(list(matchers.values())) if matchers else None
+                found += 1
+        if not found:
+            left_out.append(f"item {name!r}: {why_no_spec(graph, Plan.model_validate(plan))}")
+    if not matchers:
+        return None, left_out
+    notes = "".join(f"// not in this spec: {line}\n" for line in left_out)
+    return notes + tuning_spec(list(matchers.values())), left_out

@@ -183,6 +183,7 @@ class Realisation(_Contract):
     realised: AppliedPlan | None = Field(description="None when the plan leaves the module untiled")
     compilation_info: dict[str, AnchorCompilationInfo]
     tuning_spec: str | None = None
+    no_tuning_spec: str | None = Field(default=None, description="why there is no tuning spec")
 
 
 class SearchOutcome(_Contract):
@@ -194,6 +195,7 @@ class SearchOutcome(_Contract):
     realised: AppliedPlan | None = Field(description="None when the plan leaves the module untiled")
     compilation_info: dict[str, AnchorCompilationInfo]
     tuning_spec: str | None = Field(default=None, description="IREE tuning spec for the plan's contraction anchors")
+    no_tuning_spec: str | None = Field(default=None, description="why there is no tuning spec")
     trials: list[TrialOutcome]
     group_bests: list[GroupBest]
     stats: SearchStats

@@ -160,7 +160,8 @@ def store_outcome(sessions: sessionmaker[Session], stored: StoredSearch, outcome
     better than the stored plan), record the effort, store trials, measurements and group records."""
     claimed, hardware, analysis = stored.claimed, stored.hardware, stored.analysis
     realised = outcome.realised
-    stats = outcome.stats.model_dump() | {"cache": cache, "warm_start_groups": [w.signature for w in warm]}
+    stats = outcome.stats.model_dump() | {"cache": cache, "warm_start_groups": [w.signature for w in warm],
+                                          "no_tuning_spec": outcome.no_tuning_spec}
     refining = claimed.status == DecisionStatus.DONE
     better = not refining or _replaces(outcome, claimed)
     new_effort = decisions.merged_effort(claimed.effort if refining else None, stored.effort, outcome.stats.complete)

@@ -12,7 +12,7 @@ from service.ir.plan import Plan
 from service.ir.tasks import apply_plan_to_text
 from service.measure.lowering import CONFIGURABLE_KINDS, compilation_info_text, lowering_config_from_levels
 from service.measure.tools import host_translation_info, interruptible
-from service.measure.tuning_spec import spec_for_plan
+from service.measure.tuning_spec import spec_for_plan, why_no_spec
 from service.search.candidate import Evaluation
 from service.measure.cache import host_key
 from service.measure.timing import Measurement, cpu_per_core_s
@@ -207,12 +207,18 @@ def outcome_of(source: str, result: TuneResult, hardware: HardwareModel, measure
         baseline=result.baseline,
         realised=apply_plan_to_text(source, plan) if plan.groups else None,
         compilation_info=compilation_infos(graph, plan, translation_info),
-        tuning_spec=spec_for_plan(graph, plan, translation_info),
+        **_tuning_spec(graph, plan, translation_info),
         trials=_trials(result, trial_offset),
         group_bests=_group_bests(graph, plan, result),
         stats=_stats(result),
         measurements=measurements,
     )
+
+
+def _tuning_spec(graph, plan: Plan, translation_info: str | None) -> dict[str, str | None]:
+    """The plan's tuning spec, or why it has none."""
+    spec = spec_for_plan(graph, plan, translation_info)
+    return {"tuning_spec": spec, "no_tuning_spec": None if spec else why_no_spec(graph, plan)}
 
 
 def realise_plan(source: str, plan: Plan, hardware: HardwareModel) -> Realisation:
@@ -223,7 +229,7 @@ def realise_plan(source: str, plan: Plan, hardware: HardwareModel) -> Realisatio
     return Realisation(
         realised=apply_plan_to_text(source, plan) if plan.groups else None,
         compilation_info=compilation_infos(graph, plan, translation_info),
-        tuning_spec=spec_for_plan(graph, plan, translation_info),
+        **_tuning_spec(graph, plan, translation_info),
     )
 
 
