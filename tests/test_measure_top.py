@@ -16,7 +16,7 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import select
 
-from _shared import MATMUL_64X96X80, needs_avx512
+from _shared import MATMUL_64X96X80, needs_avx512, workload
 
 from service.api.app import create_app
 from service.api.dashboard.views import measured_of
@@ -126,6 +126,13 @@ def test_tiling_with_measure_top_keeps_the_fastest_measured(migrated_url: str) -
         assert other.status_code == 422 and "host-cpu" in other.text
         buckets = tile(measure_top=2, buckets={"arg0.0": [16, 64]})
         assert buckets.status_code == 422 and "shape_hints" in buckets.text
+        # a dynamic module measured at no shape was a 200 that measured nothing (a new user's trial)
+        unsized = client.post("/v1/tilings", json={"module": workload("dynamic_matmul"), "hardware": "host-cpu",
+                                                   "budget": 8, "measure_top": 2})
+        assert unsized.status_code == 422 and "shape_hints" in unsized.text and "dynamic dims" in unsized.text
+        inline_host = {**client.get("/v1/hardware/host-cpu").json()["spec"], "description": "mine"}
+        renamed = tile(measure_top=2, hardware=inline_host)
+        assert renamed.status_code == 422 and "send the name" in renamed.text
         assert tile(measure_top=17).status_code == 422
 
 

@@ -262,6 +262,9 @@ class TilingService:
         analysis = self._analyse(request.module, text_key, timeout=limit)
         if request.shape_hints or request.buckets:
             self._check_shapes(request, text_key, timeout=limit)
+        if request.measure_top and not request.shape_hints and any(None in op.loop_ranges for op in analysis.ops):
+            raise SearchInputError("measure_top times the module at one shape, and it has dynamic dims: give their sizes "
+                                   "in shape_hints (e.g. {\"arg0\": [128, 1024]}) or drop measure_top")
         timings["analyse_s"] = time.perf_counter() - t0
         parts = decision_parts(analysis.fingerprint, hardware, request)
         if not request.reuse:
@@ -363,6 +366,10 @@ class TilingService:
         """A measurement times IREE on this machine: it means something only for this host's
         hardware profile (host-cpu), so another hardware with measure_top is refused."""
         host = self.hardware.resolve(HOST_CPU)
+        if hardware.name == HOST_CPU and hardware.content_hash() != host.content_hash():
+            raise SearchInputError("measure_top times plans with IREE on this server's CPU; the inline model named "
+                                   "host-cpu is not that CPU as detected (its figures differ): send the name "
+                                   "\"host-cpu\" instead of a model, or drop measure_top")
         if hardware.content_hash() != host.content_hash():
             raise SearchInputError(f"measure_top times plans with IREE on this server's CPU, which is host-cpu; "
                                    f"hardware {hardware.name!r} is another machine: drop measure_top or ask for host-cpu")
