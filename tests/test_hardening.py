@@ -283,6 +283,32 @@ def test_invalid_text_and_body_get_the_error_shape(migrated_url) -> None:
         assert deep.status_code == 422 and "too deeply nested" in deep.json()["detail"]["message"]
 
 
+
+def test_a_body_that_is_not_json_or_not_sent_as_json_says_so(migrated_url) -> None:
+    """A new user's trial: broken JSON was a 422 "JSON decode error" (the README says 400), and a
+    body sent as text/plain "should be a valid dictionary"."""
+    with TestClient(create_app(Settings(database_url=migrated_url, pool_workers=1))) as client:
+        broken = client.post("/v1/tilings", content=b'{"module": "x", "hardware": ', headers={"content-type": "application/json"})
+        assert broken.status_code == 400 and broken.json()["detail"]["error"] == "InvalidJSON"
+        assert "not valid JSON" in broken.json()["detail"]["message"]
+        text = client.post("/v1/tilings", content=b'{"module": "x", "hardware": "host-cpu"}', headers={"content-type": "text/plain"})
+        assert text.status_code == 415 and "application/json" in text.json()["detail"]["message"]
+
+
+def test_a_refusal_names_what_to_fix_first_and_echoes_little(migrated_url) -> None:
+    """An inline model's real error came second, after "hardware: not a string"; a 10,000-item
+    job came back whole in its 422; a long unknown name was echoed in full."""
+    bad_model = {"name": "h", "memory_levels": [], "compute": {"peak_flops_per_s": {"f32": 1e12}, "cores": 0}}
+    with TestClient(create_app(Settings(database_url=migrated_url, pool_workers=1))) as client:
+        inline = client.post("/v1/tilings", json={"module": "x", "hardware": bad_model})
+        assert inline.status_code == 422
+        assert [e["msg"] for e in inline.json()["detail"]] == ["Value error, cores must be >= 1, got 0"]
+        many = client.post("/v1/jobs", json={"items": [{"name": "x", "module": "m"}] * 10_000, "hardware": "host-cpu"})
+        assert many.status_code == 422 and len(many.content) < 10_000
+        unknown = client.post("/v1/tilings", json={"module": "x", "hardware": "h" * 100_000})
+        assert unknown.status_code == 404 and len(unknown.content) < 2_000
+
+
 # --------------------------------------------------------------------------- 9. docs offline
 
 

@@ -120,10 +120,43 @@ def _json_safe(value):
     return value
 
 
-def _invalid_request(_request: Request, exc: RequestValidationError) -> JSONResponse:
-    """FastAPI's own 422 (a list of pydantic errors, each with the input it refused), written
-    even when that input is a non-finite number the client sent (`"seconds": NaN`)."""
-    return JSONResponse({"detail": _json_safe(jsonable_encoder(exc.errors()))}, status_code=422)
+_ECHO_CHARS = 200  # of a refused input echoed back: a 10,000-item job must not come back whole
+
+
+def _echo(value):
+    """A refused input as the error shows it: itself if short, else the start of its text."""
+    text = str(value)
+    return value if len(text) <= _ECHO_CHARS else f"{text[:_ECHO_CHARS]}... ({len(text)} characters)"
+
+
+def _kept(errors: list[dict]) -> list[dict]:
+    """A field that takes a name or a model (hardware: str | HardwareModel) fails both branches
+    for a bad model; its "not a string" error only hides the one that says what to fix."""
+    def shadowed(e: dict) -> bool:
+        loc = tuple(e.get("loc", ()))
+        if e.get("type") != "string_type" or not loc or loc[-1] != "str":
+            return False
+        return any(o is not e and tuple(o.get("loc", ()))[:len(loc) - 1] == loc[:-1] for o in errors)
+    return [e for e in errors if not shadowed(e)]
+
+
+def _invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
+    """FastAPI's own 422 (a list of pydantic errors, each with the input it refused, cut short),
+    written even when that input is a non-finite number the client sent (`"seconds": NaN`). A
+    body that is not JSON is a 400, and one not sent as JSON a 415, each saying so."""
+    errors = exc.errors()
+    broken = next((e for e in errors if e.get("type") == "json_invalid"), None)
+    if broken is not None:
+        reason = (broken.get("ctx") or {}).get("error", "invalid JSON")
+        where = broken["loc"][-1] if broken.get("loc") else "?"
+        return error_response(400, "InvalidJSON", f"the request body is not valid JSON: {reason} (at character {where})")
+    content_type = request.headers.get("content-type", "")
+    if "json" not in content_type and any(tuple(e.get("loc", ())) == ("body",) for e in errors):
+        return error_response(415, "UnsupportedMediaType",
+                              f"the body was sent as {content_type or 'no content type'}: send JSON with "
+                              "Content-Type: application/json")
+    shown = [{**e, "input": _echo(e["input"])} if "input" in e else e for e in _kept(errors)]
+    return JSONResponse({"detail": _json_safe(jsonable_encoder(shown))}, status_code=422)
 
 
 def install_error_handlers(app: FastAPI) -> None:

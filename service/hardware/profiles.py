@@ -36,7 +36,8 @@ class UnknownHardwareError(KeyError):
     def __init__(self, name: str, known: list[str]):
         self.name = name
         self.known = known
-        super().__init__(f"unknown hardware {name!r}; known: {', '.join(known)}")
+        shown = name if len(name) <= 80 else f"{name[:80]}... ({len(name)} characters)"
+        super().__init__(f"unknown hardware {shown!r}; known: {', '.join(known)}")
 
     def __str__(self) -> str:  # KeyError would repr() the message
         return self.args[0]
