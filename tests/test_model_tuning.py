@@ -165,10 +165,16 @@ def test_input_iree_cannot_compile_is_a_clear_error(tmp_path):
 
 
 def test_a_model_iree_forms_no_dispatch_from_is_a_clear_error(tmp_path):
+    """Both ways in: tune_model, and a model job's items (classify_dispatches; its 422 told a new
+    user to pass executable sources)."""
+    from service.model_tuning.tune import classify_dispatches
+
     model = tmp_path / "empty.mlir"
     model.write_text("func.func @main() { return }")
     with pytest.raises(ModelInputError, match="IREE formed no dispatch from empty.mlir: nothing in it runs as a kernel"):
         tune_model(model, get_profile("host-cpu"), tmp_path / "spec.mlir", budget=8)
+    with pytest.raises(ModelInputError, match="IREE formed no dispatch from empty.mlir"):
+        classify_dispatches(model, tmp_path)
 
 
 def test_a_spec_iree_cannot_compile_the_model_with_is_not_written_out(tmp_path, monkeypatch):

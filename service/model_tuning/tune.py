@@ -228,13 +228,22 @@ def classify_dispatches(model: Path, workdir: Path) -> tuple[list[Dispatch], lis
     with refused_as(f"IREE cannot compile {model.name}"):
         sources = executable_sources(model, workdir / "sources.mlir")
     tunable, left = [], []
-    for dispatch in dispatches_of(sources):
+    for dispatch in _dispatches(sources, model):
         candidate, report = _classify(dispatch)
         if candidate is not None:
             tunable.append(dispatch)
         else:
             left.append(report)
     return tunable, left
+
+
+def _dispatches(sources: str, model: Path) -> list[Dispatch]:
+    """The dispatches in IREE's executable sources of `model`; ModelInputError when it formed none."""
+    try:
+        return dispatches_of(sources)
+    except NotAModelError:
+        raise ModelInputError(f"IREE formed no dispatch from {model.name}: nothing in it runs as a kernel "
+                              "(is it empty, or do its results not depend on its inputs?)") from None
 
 
 def _root_key(candidate: _Candidate) -> tuple | None:
@@ -455,11 +464,7 @@ def tune_model(model: Path, hardware: HardwareModel, spec_out: Path, *, budget: 
         model = importable_model(model, workdir)
         with refused_as(f"IREE cannot compile {model.name}"):
             sources = executable_sources(model, workdir / "sources.mlir")
-        try:
-            dispatches = dispatches_of(sources)
-        except NotAModelError:
-            raise ModelInputError(f"IREE formed no dispatch from {model.name}: nothing in it runs as a kernel "
-                                  "(is it empty, or do its results not depend on its inputs?)") from None
+        dispatches = _dispatches(sources, model)
         classified = [_classify(d) for d in dispatches]
         candidates = [c for c, _ in classified if c is not None]
         reports = [r for _, r in classified]
