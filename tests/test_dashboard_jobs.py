@@ -185,3 +185,15 @@ def test_jobs_pages_load_only_local_resources(seeded_jobs):
                 assert ref.startswith(("/", "#", "data:")), (path, ref)
             for asset in re.findall(r'(?:src|href)="(/static/[^"]*)"', html):
                 assert client.get(asset).status_code == 200, asset
+
+
+def test_retry_requeues_the_failed_items_only_and_says_when_there_are_none(seeded_jobs):
+    url, ids, _ = seeded_jobs
+    with _client(url) as client:
+        retried = client.post(f"/v1/jobs/{ids['model']}/retry")
+        assert retried.status_code == 200, retried.text
+        assert retried.json()["items"]["failed"] == 0 and retried.json()["items"]["queued"] == 2
+        assert [i["name"] for i in retried.json()["items_detail"] if i["state"] == "queued"] == [EVIL_NAME, "dispatch_3_matmul"]
+        again = client.post(f"/v1/jobs/{ids['model']}/retry")  # a new user's trial: a 200 that did nothing
+        assert again.status_code == 409 and again.json()["detail"]["error"] == "NothingToRetry"
+        assert "no failed item" in again.json()["detail"]["message"]

@@ -143,6 +143,7 @@ def test_a_dispatch_without_a_contraction_is_left_to_iree_with_its_reason(tmp_pa
     assert report.dispatches and not any(d.tuned for d in report.dispatches)
     assert all("no contraction root" in d.reason for d in report.dispatches)
     assert report.spec is None and not (tmp_path / "spec.mlir").exists()
+    assert report.summary()["predicted_total_s"] is None  # no tuned dispatch to sum (not 0.0 s)
 
 
 @pytest.mark.parametrize("batch, why", [(1, "InsertBatchDimForBatchlessConvPass"), (2, "has a batch dim")])

@@ -28,6 +28,10 @@ class NoSpecYet(Exception):
     """No finished item configures a contraction (yet): nothing to merge."""
 
 
+class NothingToRetry(Exception):
+    """The job has no failed item: retry queues failed items only."""
+
+
 class Dispatcher(Protocol):
     def enqueue(self, items: list[tuple[int, str]]) -> None: ...
 
@@ -79,6 +83,11 @@ class JobService:
         with session_scope(self.runtime.sessions) as session:
             job = self._job(session, job_id)
             ids = jobs.requeue_failed(session, job_id)
+            if not ids:
+                state = jobs.summarise(session, job).state
+                raise NothingToRetry(f"job {job_id} has no failed item to retry (it is {state}); "
+                                     + ("cancelled items are not retried: submit the job again" if state == "cancelled"
+                                        else "retry queues failed items only"))
         self.dispatcher.enqueue([(i, job.queue) for i in ids])
         return self.summary(job_id)
 
@@ -115,4 +124,4 @@ def _hardware_name(job: Job) -> str:
     return job.hardware if isinstance(job.hardware, str) else HardwareModel.model_validate(job.hardware).name
 
 
-__all__ = ["Dispatcher", "ItemState", "JobNotFound", "JobService", "NoSpecYet"]
+__all__ = ["Dispatcher", "ItemState", "JobNotFound", "JobService", "NoSpecYet", "NothingToRetry"]

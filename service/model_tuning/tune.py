@@ -158,7 +158,8 @@ class ModelTuneReport(BaseModel):
                                                      "predicted_s", "config", "iree_default", "iree_default_predicted_s",
                                                      "measured_s", "iree_default_measured_s"})
                                for d in self.dispatches],
-                "spec": self.spec, "predicted_total_s": self.predicted_total_s, "verified": self.verified,
+                "spec": self.spec, "verified": self.verified,
+                "predicted_total_s": self.predicted_total_s if any(d.tuned for d in self.dispatches) else None,
                 "elapsed_s": self.elapsed_s,
                 "iree_default_measured_model_s": self.iree_default_measured_model_s,
                 "measured_model_s": self.measured_model_s}

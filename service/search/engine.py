@@ -114,8 +114,8 @@ class _Search:
             self.warnings.append("nothing to tile: the module has no op implementing TilingInterface (linalg, tensor.pad, ...)")
         if self.space.shapes.defaulted:
             self.warnings.insert(0, f"dynamic dims without a shape hint: {', '.join(self.space.shapes.defaulted)}; each is "
-                                    f"assumed {DEFAULT_DYNAMIC_EXTENT}; pass --shape-hint argN=AxB or --bucket "
-                                    "NAME=v1,v2,... for plans that match your shapes")
+                                    f"assumed {DEFAULT_DYNAMIC_EXTENT}; give their sizes (shape hints: argN=AxB) or "
+                                    "buckets (NAME=v1,v2,...) for plans that match your shapes")
         self.evaluator = evaluator
         self.trials: list[Evaluation] = []
         self.best: Evaluation | None = None

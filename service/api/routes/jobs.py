@@ -11,7 +11,7 @@ from fastapi.responses import PlainTextResponse
 from service.api.deps import DbSession, TokenAuth
 from service.api.job_schemas import ItemOut, ItemPage, JobAccepted, JobOut, JobPage, JobRequest, counts
 from service.api.schemas import ErrorBody
-from service.jobs.service import JobService, NoSpecYet
+from service.jobs.service import JobService, NoSpecYet, NothingToRetry
 from service.model_tuning.tune import ModelInputError
 from service.store import jobs
 from service.store.models import ItemState
@@ -80,10 +80,14 @@ def cancel_job(job_id: int, request: Request, session: DbSession) -> JobOut:
     return JobOut.from_summary(summary, first, next_cursor)
 
 
-@router.post("/{job_id}/retry", response_model=JobOut, responses=_ERRORS)
+@router.post("/{job_id}/retry", response_model=JobOut,
+             responses={**_ERRORS, 409: {"model": ErrorBody, "description": "the job has no failed item"}})
 def retry_job(job_id: int, request: Request, session: DbSession) -> JobOut:
     """Queue the failed items again (only those); a cancelled job stays cancelled."""
-    summary = _service(request).retry(job_id)
+    try:
+        summary = _service(request).retry(job_id)
+    except NothingToRetry as exc:
+        raise HTTPException(409, {"error": "NothingToRetry", "message": str(exc)}) from None
     first, next_cursor = jobs.list_items(session, job_id, limit=_FIRST_ITEMS)
     return JobOut.from_summary(summary, first, next_cursor)
 
