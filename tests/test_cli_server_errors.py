@@ -114,7 +114,7 @@ def test_without_the_token_the_line_says_how_to_give_it(server: str, tmp_path: P
 def test_an_unknown_job_or_hardware_and_a_bad_request_are_the_servers_message(server: str, tmp_path: Path,
                                                                               items: Path) -> None:
     auth = ("--server", server, "--token", TOKEN)
-    for args in (["job", "watch", "999"], ["job", "spec", "999", "-o", str(tmp_path / "spec.mlir")]):
+    for args in (["job", "watch", "999"], ["job", "spec", "999", "-o", str(tmp_path / "spec.mlir")], ["job", "spec", "999"]):
         code, stderr = cli(*args, *auth, cwd=tmp_path)
         assert code == 2 and "error: no job 999 (HTTP 404" in one_error_line(stderr)
     assert not (tmp_path / "spec.mlir").exists()

@@ -110,10 +110,14 @@ def _follow(client, job: dict, progress, interval: float) -> dict:
 
 
 @job_app.command("spec")
-def job_spec_cmd(job_id: int, out: Path = typer.Option(..., "-o", "--out", help="write the merged tuning spec here"),
+def job_spec_cmd(job_id: int, out: Path | None = typer.Option(None, "-o", "--out", help="write the merged tuning spec here "
+                                                                                      "(default: print it)"),
                  server: str = _SERVER, token: str | None = _TOKEN) -> None:
     """The job's merged IREE tuning spec (its done items' configs)."""
     with server_errors(server), _job_client(server, token) as client:
         spec = client.job_spec(job_id)
+    if out is None:
+        typer.echo(spec, nl=False)
+        return
     out.write_text(spec)
     typer.echo(f"wrote {out}", err=True)
