@@ -204,6 +204,20 @@ func.func @c(%a: tensor<16x16xcomplex<f32>>, %b: tensor<16x16xcomplex<f32>>, %o:
         measure_plan(complex_mm, matmul_plan([16, 16, 0], [8, 16, 0], [0, 0, 16], anchor=0), settings=FAST)
 
 
+def test_inputs_too_large_to_measure_are_refused_before_any_is_written(tmp_path):
+    """A 10^9 x 10^9 matmul with measure_top was a MemoryError (6.9 EiB of inputs) reported as
+    a tilesearch bug (a new user's trial)."""
+    from service.measure.forcing import MAX_INPUT_BYTES, ArgumentSpec, write_inputs
+
+    with pytest.raises(NotMeasurable, match="GiB"):
+        write_inputs([ArgumentSpec((10**9, 10**9), "f32")] * 2, tmp_path)
+    over = MAX_INPUT_BYTES // 4 + 1  # one f32 element past the limit
+    with pytest.raises(NotMeasurable, match="GiB"):
+        write_inputs([ArgumentSpec((over,), "f32")], tmp_path)
+    assert not list(tmp_path.iterdir())
+    assert len(write_inputs([ArgumentSpec((2, 2), "f32")], tmp_path)) == 1
+
+
 def test_force_plan_sets_the_translation_info_it_is_given():
     options = "#iree_codegen.translation_info<pipeline = #iree_cpu.pipeline<DoubleTilingExpert>, {enable_loop_peeling}>"
     forced = force_plan(TINY_MATMUL, matmul_plan([32, 32, 0], [8, 16, 0], [0, 0, 16]), translation_info=options)

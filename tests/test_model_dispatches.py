@@ -211,6 +211,7 @@ def test_tune_without_a_spec_to_write_prints_its_answer_and_says_why(tmp_path):
     module = tmp_path / "dyn.mlir"
     module.write_text(DYNAMIC_MATMUL)
     spec = tmp_path / "spec.mlir"
+    spec.write_text("// an older run's spec: a build must not pick it up")
     result = CliRunner().invoke(app, ["tune", str(module), "--budget", "4", "--workers", "1", "--shape-hint", "arg0=8x64",
                                       "--spec-out", str(spec)])
     assert result.exit_code == 2 and not spec.exists()

@@ -443,7 +443,7 @@ def _no_spec_needed(path: Path, as_json: bool) -> None:
 
 def _write_spec(source: str | bytes, plan: dict, hardware, path: Path) -> str | None:
     """Write the plan's IREE tuning spec (its contraction anchors' configs) to `path`; or say
-    why it has none."""
+    why it has none, and remove an older spec there (a build must not pick up a stale one)."""
     from service.hardware.profiles import HOST_CPU
     from service.ir.analysis import analyze
     from service.ir.plan import Plan
@@ -454,6 +454,7 @@ def _write_spec(source: str | bytes, plan: dict, hardware, path: Path) -> str | 
     graph, parsed = analyze(source).graph, Plan.model_validate(plan)
     spec = spec_for_plan(graph, parsed, translation_info)
     if spec is None:
+        path.unlink(missing_ok=True)
         return why_no_spec(graph, parsed)
     path.write_text(spec)
     return None
@@ -492,6 +493,7 @@ def _tune_via_server(server: str, token: str | None, file: Path, hardware: str, 
         _no_spec_needed(spec_out, as_json)
     elif spec_out is not None:
         no_spec = decision.no_tuning_spec or "the server's decision configures no contraction IREE takes a config for"
+        spec_out.unlink(missing_ok=True)
     if as_json:
         typer.echo(decision.model_dump_json(indent=2))
     else:

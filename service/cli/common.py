@@ -3,6 +3,7 @@ worker, turning the caller's mistakes into exit code 2, and a server's errors in
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -96,6 +97,6 @@ def server_errors(server: str) -> Iterator[None]:
 
 def _positive_seconds(value: float | None) -> float | None:
     """--seconds: a time limit, so more than 0 (0 read as no limit, a negative one as no search)."""
-    if value is not None and not value > 0:
-        raise typer.BadParameter(f"a time limit must be more than 0 seconds, not {value:g}; leave it out for none")
+    if value is not None and not (value > 0 and math.isfinite(value)):
+        raise typer.BadParameter(f"a time limit must be a number of seconds more than 0, not {value:g}; leave it out for none")
     return value

@@ -10,6 +10,7 @@ instead of producing a measurement of IREE's own config under the plan's name.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -125,8 +126,26 @@ def function_arguments(func: ir.Operation, shape_hints: Mapping[str, Sequence[in
     return args
 
 
+# What a measurement's inputs may take in all: they are written to disk and held by the
+# benchmark beside its outputs, on the machine that serves requests.
+MAX_INPUT_BYTES = 2 * 1024**3
+
+
+def _element_bytes(element_type: str) -> int:
+    dtype = _NUMPY_DTYPES.get(element_type)
+    if dtype is not None:
+        return np.dtype(dtype).itemsize
+    width = "".join(ch for ch in element_type if ch.isdigit())
+    return max(1, int(width) // 8) if width else 4
+
+
 def write_inputs(arguments: Sequence[ArgumentSpec], directory: Path, seed: int = 0) -> list[str]:
-    """`--input=` flags with random data of the arguments' shapes (.npy files)."""
+    """`--input=` flags with random data of the arguments' shapes (.npy files). NotMeasurable
+    when they would take more than MAX_INPUT_BYTES, or cannot be given on the command line."""
+    total = sum(math.prod(a.shape) * _element_bytes(a.element_type) for a in arguments)
+    if total > MAX_INPUT_BYTES:
+        raise NotMeasurable(f"its inputs take {total / 1024**3:.3g} GiB, more than the {MAX_INPUT_BYTES // 1024**3} GiB "
+                            "a measurement may: measure it at smaller shapes (shape hints) or leave measuring out")
     rng = np.random.default_rng(seed)
     flags = []
     for i, arg in enumerate(arguments):
@@ -138,8 +157,10 @@ def write_inputs(arguments: Sequence[ArgumentSpec], directory: Path, seed: int =
             dims = "x".join(str(d) for d in arg.shape)
             flags.append(f"--input={dims}{'x' if dims else ''}{arg.element_type}=1")
             continue
-        if np.issubdtype(dtype, np.floating):
-            data = rng.standard_normal(arg.shape).astype(dtype)
+        if dtype in (np.float32, np.float64):
+            data = rng.standard_normal(arg.shape, dtype=dtype)
+        elif np.issubdtype(dtype, np.floating):
+            data = rng.standard_normal(arg.shape, dtype=np.float32).astype(dtype)
         else:
             data = rng.integers(0, 2 if dtype is np.bool_ else 8, arg.shape).astype(dtype)
         path = directory / f"arg{i}.npy"

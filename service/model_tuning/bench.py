@@ -54,7 +54,8 @@ def bench_model(model: Path, spec: Path, *, rounds: int = 5, function: str | Non
         if not changed:
             raise ModelInputError(f"the spec {spec.name} changed the config of none of {model.name}'s {len(default)} "
                                   "dispatches (was it tuned for this model?): two identical builds, nothing to time")
-        flags = write_inputs(arguments, workdir)
+        with refused_as(f"cannot time {model.name}"):
+            flags = write_inputs(arguments, workdir)
         timing = time_models(workdir / "default.vmfb", workdir / "tuned.vmfb", flags, function=function, rounds=rounds)
     return ModelBenchmark(model=str(source), spec=str(spec), default_median_s=statistics.median(timing.default_s),
                           tuned_median_s=statistics.median(timing.tuned_s), speedup=timing.speedup,

@@ -37,7 +37,7 @@ from service.ir.errors import IRError, NotAModelError
 from service.ir.graph import OpGraph, TileableOp
 from service.ir.plan import Plan
 from service.measure.dispatch_profile import DispatchTime
-from service.measure.forcing import write_inputs
+from service.measure.forcing import NotMeasurable, write_inputs
 from service.measure.lowering import convolution_not_configured
 from service.measure.timing import Measurement
 from service.measure.tools import ToolFailure, host_translation_info, iree_version
@@ -71,12 +71,14 @@ class ModelInputError(Exception):
 
 @contextmanager
 def refused_as(message: str) -> Iterator[None]:
-    """An IREE tool failing inside becomes the caller's ModelInputError: `message`: the tool's
-    first error line."""
+    """An IREE tool failing inside (or inputs it cannot be given) becomes the caller's
+    ModelInputError: `message`: the tool's first error line (or why)."""
     try:
         yield
     except ToolFailure as failure:
         raise ModelInputError(f"{message}: {failure.line}") from None
+    except NotMeasurable as refused:
+        raise ModelInputError(f"{message}: {refused.reason}") from None
 
 
 MODEL_SUFFIXES = (".mlir", ".mlirbc", ".onnx")
@@ -351,7 +353,8 @@ def _model_inputs(model: Path, workdir: Path) -> tuple[str, list[str]]:
     """The model's entry function and `--input` flags of random data for it."""
     program = input_program(model, workdir / "input.mlir")
     function = entry_function(program)
-    return function, write_inputs(model_arguments(program, function), workdir)
+    with refused_as(f"cannot time {model.name}"):
+        return function, write_inputs(model_arguments(program, function), workdir)
 
 
 def _measure_in_model(model: Path, ranked: list[_Candidate], k: int, translation: str | None, function: str,
