@@ -22,13 +22,19 @@ from service.ir.graph import describe_op, tag_tileable_ops, uid_of, walk_ops
 from service.ir.hints import hint_for
 from service.ir.mlir import attribute_names, context, ir
 
-from .lowering import CONFIGURABLE_KINDS, as_iree_compiles, convolution_not_configured, LoweringConfig, compilation_info_text, lowering_config_from_levels
+from .lowering import (
+    CONFIGURABLE_KINDS,
+    LoweringConfig,
+    as_iree_compiles,
+    compilation_info_text,
+    convolution_not_configured,
+    lowering_config_from_levels,
+)
 from .tools import host_translation_info
 
 # Named convolutions are not forced (other ops IREE ignores a config on are caught after
 # compiling, by comparing with the configs IREE dumps).
 _IGNORED_CONFIG_PREFIXES = ("linalg.conv_", "linalg.depthwise_conv_")
-
 
 _NUMPY_DTYPES = {
     "f16": np.float16,
@@ -101,9 +107,9 @@ class ArgumentSpec:
 
 
 def function_arguments(func: ir.Operation, shape_hints: Mapping[str, Sequence[int]] | None = None) -> list[ArgumentSpec]:
-    """Shapes and element types (as IREE compiles them) of a func's tensor arguments. A dynamic dim takes its size from
-    `shape_hints` (`argN` or `FUNC.argN` -> full shape, as `tune --shape-hint` gives it);
-    one without a hint is NotMeasurable."""
+    """Shapes and element types (as IREE compiles them) of a func's tensor arguments. A dynamic
+    dim takes its size from `shape_hints` (`argN` or `FUNC.argN` -> full shape, as `tune
+    --shape-hint` gives it); one without a hint is NotMeasurable."""
     ftype = ir.FunctionType(ir.TypeAttr(func.attributes["function_type"]).value)
     hints = shape_hints or {}
     args = []

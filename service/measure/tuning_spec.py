@@ -19,7 +19,13 @@ from service.ir.graph import OpGraph, TileableOp
 from service.ir.plan import Plan
 from service.ir.mlir import context, ir
 
-from .lowering import as_iree_compiles, convolution_not_configured, compilation_info_text, lowering_config_from_levels, lowering_config_text
+from .lowering import (
+    as_iree_compiles,
+    compilation_info_text,
+    convolution_not_configured,
+    lowering_config_from_levels,
+    lowering_config_text,
+)
 
 
 @dataclass(frozen=True)
