@@ -42,6 +42,14 @@ module attributes {{transform.with_named_sequence}} {{
 """
 
 
+_ELEMENT_BYTES = {"f64": 8, "i64": 8, "f32": 4, "i32": 4, "f16": 2, "bf16": 2, "i16": 2, "i8": 1, "i1": 1}
+
+
+def element_bytes(element_type: str) -> int:
+    """Bytes of one element of a type named as TileableOp names them (4 when unknown)."""
+    return _ELEMENT_BYTES.get(element_type, 4)
+
+
 @dataclass(frozen=True)
 class DynamicDim:
     """A loop dim whose extent is only known at run time: dim `dim` of SSA value `value`."""

@@ -18,7 +18,7 @@ from typing import Any, Union
 
 import numpy as np
 
-from service.ir.graph import describe_op, tag_tileable_ops, uid_of, walk_ops
+from service.ir.graph import describe_op, element_bytes, tag_tileable_ops, uid_of, walk_ops
 from service.ir.hints import hint_for
 from service.ir.mlir import attribute_names, context, ir
 
@@ -137,18 +137,10 @@ def function_arguments(func: ir.Operation, shape_hints: Mapping[str, Sequence[in
 MAX_INPUT_BYTES = 2 * 1024**3
 
 
-def _element_bytes(element_type: str) -> int:
-    dtype = _NUMPY_DTYPES.get(element_type)
-    if dtype is not None:
-        return np.dtype(dtype).itemsize
-    width = "".join(ch for ch in element_type if ch.isdigit())
-    return max(1, int(width) // 8) if width else 4
-
-
 def write_inputs(arguments: Sequence[ArgumentSpec], directory: Path, seed: int = 0) -> list[str]:
     """`--input=` flags with random data of the arguments' shapes (.npy files). NotMeasurable
     when they would take more than MAX_INPUT_BYTES, or cannot be given on the command line."""
-    total = sum(math.prod(a.shape) * _element_bytes(a.element_type) for a in arguments)
+    total = sum(math.prod(a.shape) * element_bytes(a.element_type) for a in arguments)
     if total > MAX_INPUT_BYTES:
         raise NotMeasurable(f"its inputs take {total / 1024**3:.3g} GiB, more than the {MAX_INPUT_BYTES // 1024**3} GiB "
                             "a measurement may: measure it at smaller shapes (shape hints) or leave measuring out")

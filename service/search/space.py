@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from service.hardware.cost import DEFAULT_DYNAMIC_EXTENT
 from service.hardware.model import HardwareModel
 from service.ir.errors import PlanError
-from service.ir.graph import OpGraph, TileableOp
+from service.ir.graph import OpGraph, TileableOp, element_bytes
 from service.ir.hints import hint_for
 from service.ir.plan import Group, Level, Plan
 from service.ir.transform import layout_group
@@ -40,13 +40,6 @@ ANCHOR_KINDS = ("contraction", "convolution", "reduction")
 # 11: a contraction's rows that 8 does not divide also get their largest divisor up to 8.
 # 12: where remainders are masked (hardware), a reduction tile divides the reduction.
 SPACE_VERSION = "search-space/12"
-_ELEMENT_BYTES = {"f64": 8, "i64": 8, "f32": 4, "i32": 4, "f16": 2, "bf16": 2, "i16": 2, "i8": 1, "i1": 1}
-
-
-def element_bytes(element_type: str) -> int:
-    return _ELEMENT_BYTES.get(element_type, 4)
-
-
 # --------------------------------------------------------------------------- shapes
 
 
