@@ -3,7 +3,6 @@ a model's dispatches as items, and the merged tuning spec of a job's finished it
 
 from __future__ import annotations
 
-import re
 import tempfile
 from pathlib import Path
 
@@ -11,7 +10,7 @@ from service.ir.analysis import analyze
 from service.ir.errors import IRError
 from service.ir.plan import Plan
 from service.measure.tools import host_translation_info
-from service.measure.tuning_spec import ContractionMatcher, contraction_matcher, tuning_spec, why_no_spec
+from service.measure.tuning_spec import ContractionMatcher, contraction_matcher, symbol_part, tuning_spec, why_no_spec
 from service.model_tuning.tune import classify_dispatches
 
 from .contract import ModelDispatch, ModelItems
@@ -30,11 +29,6 @@ def model_items(model_text: str) -> ModelItems:
     )
 
 
-def _symbol_safe(name: str) -> str:
-    """An item's name as part of a matcher's symbol (letters, digits and _)."""
-    return re.sub(r"[^A-Za-z0-9_]", "_", name)[:60] or "item"
-
-
 def merged_spec(items: list[tuple[str, str, dict]], host_cpu: bool) -> tuple[str | None, list[str]]:
     """One tuning spec for the items' plans, `(name, module text, plan)` heaviest first: a matcher
     per distinct contraction anchor (the first, heaviest, item's config wins a shared one), and
@@ -50,7 +44,7 @@ def merged_spec(items: list[tuple[str, str, dict]], host_cpu: bool) -> tuple[str
             continue  # a done item parsed when it ran; nothing to add if that changed
         found = 0
         for group in plan.get("groups", []):
-            symbol = f"{_symbol_safe(name)}_{len(matchers)}"
+            symbol = f"{symbol_part(name)[:60] or 'item'}_{len(matchers)}"
             m = contraction_matcher(graph.op(group["anchor"]), group["levels"], symbol, translation)
             if m is not None:
                 matchers.setdefault(m.matched, m)

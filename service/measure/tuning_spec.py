@@ -13,6 +13,7 @@ The text is parsed back with MLIR before it is returned: a spec that does not pa
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from service.ir.graph import OpGraph, TileableOp
@@ -55,6 +56,12 @@ class ContractionMatcher:
     def matched(self) -> tuple:
         """What the matcher checks: two matchers with the same match the same ops."""
         return self.lhs_type, self.rhs_type, self.output_type, self.indexing_maps, self.sizes
+
+
+def symbol_part(name: str) -> str:
+    """A name (a dispatch's, a job item's) as part of a matcher's symbol (`@match_<it>`), so a
+    spec reads like the report it came with."""
+    return re.sub(r"[^A-Za-z0-9_]", "_", name)
 
 
 def affine_map_attribute(map_text: str) -> str:

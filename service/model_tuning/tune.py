@@ -19,7 +19,6 @@ one tuning spec that IREE is shown to apply.
 
 from __future__ import annotations
 
-import re
 import statistics
 import tempfile
 import time
@@ -41,7 +40,7 @@ from service.measure.forcing import NotMeasurable, write_inputs
 from service.measure.lowering import convolution_not_configured
 from service.measure.timing import Measurement
 from service.measure.tools import ToolFailure, host_translation_info, iree_version
-from service.measure.tuning_spec import ContractionMatcher, contraction_matcher, tuning_spec
+from service.measure.tuning_spec import ContractionMatcher, contraction_matcher, symbol_part, tuning_spec
 from service.measure.whole_model import (
     DispatchConfig,
     canonical_attribute,
@@ -513,7 +512,7 @@ def tune_model(model: Path, hardware: HardwareModel, spec_out: Path, *, budget: 
                 report.reason = c.left
                 decided[key] = c.left
                 continue
-            matcher = heavier or _plan_matcher(c, c.plan or {}, _symbol_part(c.dispatch.entry), translation)
+            matcher = heavier or _plan_matcher(c, c.plan or {}, symbol_part(c.dispatch.entry), translation)
             if matcher is None:
                 # IREE's config runs, so the dispatch's prediction is that config's.
                 untiled = f" (predicted {c.latency_s * 1e3:.4f} ms)" if c.latency_s is not None else ""
@@ -561,11 +560,6 @@ def tune_model(model: Path, hardware: HardwareModel, spec_out: Path, *, budget: 
                                                            refinement=c.refinement)
                                           for c in candidates if c.refinement is not None
                                           and c.dispatch.entry not in stored])
-
-
-def _symbol_part(name: str) -> str:
-    """A dispatch's name as part of a matcher's symbol (`@match_<it>`), so a spec reads like the report."""
-    return re.sub(r"[^A-Za-z0-9_]", "_", name)
 
 
 def _withdraw(reports: list[DispatchReport], searches: list[DispatchSearch], matchers: dict, spec_out: Path,
