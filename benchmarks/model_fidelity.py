@@ -12,8 +12,9 @@ Models compared:
 - nominal: the host-cpu profile as shipped, no calibration;
 - calibrated: calibration factors fitted (calibration_fit.fit_profile) on the tune half only.
 
---search also runs the search (TPE, --budget plans) on each held-out shape and measures its
-pick against IREE's default, paired in alternating rounds (cached like the grid).
+--search also makes the service's single-module decision (the search from IREE's default,
+TPE, --budget plans, guarded against that default) on each held-out shape and measures its pick
+against IREE's default, paired in alternating rounds (cached like the grid).
 
     python benchmarks/model_fidelity.py [--measure] [--search] [--budget 200] [--details [tune]] [--host KEY|all]
 """
@@ -50,7 +51,7 @@ from service.measure.calibration_fit import Predictor, fit_profile, with_calibra
 from service.measure.calibration_samples import Sample  # noqa: E402
 from service.measure.forcing import NotMeasurable  # noqa: E402
 from service.measure.timing import measure_plans_and_default  # noqa: E402
-from service.search.engine import tune  # noqa: E402
+from service.search.guard import tune_from_iree_default  # noqa: E402
 
 CLASSES = ("M<=32", "square-ish", "tall-skinny", "batched")
 
@@ -108,16 +109,17 @@ def median(xs) -> float:
 
 
 def search_vs_default(s: Shape, hardware: HardwareModel, budget: int, cache: MeasurementCache,
-                      timing: str, iree_default: dict | None = None) -> tuple[float | None, str]:
-    """(IREE's default time / the search's pick's time, measured paired (None: not measurable);
-    the pick's tiles). iree_default: IREE's own config as a plan, a warm start (as `model tune`
-    gives each dispatch)."""
+                      timing: str) -> tuple[float | None, str]:
+    """(IREE's default time / the decision's time, measured paired (None: not measurable); the
+    pick's tiles). The decision is the service's for one module (`tune_from_iree_default`): the
+    search starts from IREE's default and its pick is guarded against it by prediction; when the
+    guard keeps IREE's default, the answer is IREE's own build: 1.00x by definition."""
     text = module_text(s)
-    result = tune(text, hardware, budget=budget, seed=0, workers=1,
-                  warm_start_plans=[iree_default] if iree_default else None)
+    result = tune_from_iree_default(text, hardware, budget=budget, seed=0, workers=1)
     plan = result.plan
-    if not plan.get("groups"):  # the search left the op untiled: IREE compiles its own config
-        return 1.0, "untiled"
+    if not plan.get("groups"):  # the answer leaves the op to IREE: IREE compiles its own config
+        kept = result.iree_default and result.iree_default.get("kept")
+        return 1.0, "IREE's default kept (guard)" if kept else "untiled"
     tiles = " / ".join(str(level["tile_sizes"]) for level in plan["groups"][0]["levels"])
     key = measurement_key(text, {"search_pick": plan}, SETTINGS)
     forced, default = cache.get(key), cache.get(key + ":default")
@@ -138,8 +140,6 @@ def main() -> None:
     ap.add_argument("--search", nargs="?", const="held-out", choices=("held-out", "tune"),
                     help="measure the search's pick on the held-out shapes (or on the tune half, to diagnose)")
     ap.add_argument("--budget", type=int, default=200, help="--search: plans the search evaluates per shape")
-    ap.add_argument("--from-iree-default", action="store_true",
-                    help="--search starts from IREE's own config, as `model tune` does for each dispatch")
     ap.add_argument("--details", nargs="?", const="all", choices=("all", "tune", "held-out"),
                     help="a row per shape (of one half: look at 'tune' only while changing the model)")
     ap.add_argument("--timing", choices=TIMINGS, default="cpu", help="see fidelity_measure.py")
@@ -215,8 +215,7 @@ def report(key: str, args: argparse.Namespace) -> None:
         for r in results:
             if r.shape.half != args.search:
                 continue
-            ratio, tiles = search_vs_default(r.shape, profile, args.budget, cache, args.timing,
-                                             r.default_plan if args.from_iree_default else None)
+            ratio, tiles = search_vs_default(r.shape, profile, args.budget, cache, args.timing)
             if ratio:
                 ratios.append(ratio)
             print(f"| {r.shape.name} | {r.shape.shape_class} | " + (f"{ratio:.2f}x" if ratio else "not measurable")

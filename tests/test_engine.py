@@ -13,7 +13,7 @@ from service.ir.analysis import analyze
 from service.search.engine import tune
 from service.search.knobs import group_of
 
-from _shared import MATMUL_THEN_ROW_SUM, RESNET_BLOCK
+from _shared import MATMUL_THEN_ROW_SUM, RESNET_BLOCK, TWO_STACKED_MATMULS
 from _shared import workload as source
 from test_ir_extract import _TWO_FUNCTIONS
 
@@ -73,17 +73,7 @@ def test_each_group_is_judged_by_its_own_loop_nests():
     one group is searched the other's overflow made every candidate infeasible, so the search
     could not tell a fitting tile from an overflowing one and returned the untiled module."""
     npu = get_profile("npu-sram-256k")
-    src = """
-func.func @mlp2(%x: tensor<256x1024xf32>, %w0: tensor<1024x1024xf32>, %w1: tensor<1024x1024xf32>) -> tensor<256x1024xf32> {
-  %zero = arith.constant 0.0 : f32
-  %e = tensor.empty() : tensor<256x1024xf32>
-  %a0 = linalg.fill ins(%zero : f32) outs(%e : tensor<256x1024xf32>) -> tensor<256x1024xf32>
-  %m0 = linalg.matmul ins(%x, %w0 : tensor<256x1024xf32>, tensor<1024x1024xf32>) outs(%a0 : tensor<256x1024xf32>) -> tensor<256x1024xf32>
-  %a1 = linalg.fill ins(%zero : f32) outs(%e : tensor<256x1024xf32>) -> tensor<256x1024xf32>
-  %m1 = linalg.matmul ins(%m0, %w1 : tensor<256x1024xf32>, tensor<1024x1024xf32>) outs(%a1 : tensor<256x1024xf32>) -> tensor<256x1024xf32>
-  return %m1 : tensor<256x1024xf32>
-}"""
-    r = tune(src, npu, budget=60, strategy="random", seed=0, workers=0)
+    r = tune(TWO_STACKED_MATMULS, npu, budget=60, strategy="random", seed=0, workers=0)
     assert r.feasible and len(r.plan["groups"]) == 2
     nests = r.predicted["nests"]
     assert not any(n["reasons"] for n in nests)

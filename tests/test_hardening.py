@@ -33,6 +33,12 @@ MATMUL_RESPELLED = (MATMUL.replace("// Square", "// a comment of another user\n/
                     .replace("%acc", "%accumulator").replace("%a", "%lhs").replace("  %", "    %"))
 # The same structure under another function name: the same decision, answered in its own names.
 MATMUL_RENAMED = MATMUL.replace("@matmul_1024", "@tenant_b_kernel")
+# A module whose decision tiles (the reference host's search beats IREE's default on it: a 1024^2
+# matmul is left to IREE's own config), for the tests of the tiled text answered per requester.
+MLP = workload("mlp_chain")
+MLP_RESPELLED = (MLP.replace("// Dense layer", "// a comment of another user\n// Dense layer")
+                 .replace("%acc", "%accumulator").replace("%x", "%lhs").replace("  %", "    %"))
+MLP_RENAMED = MLP.replace("@mlp_chain", "@tenant_b_kernel")
 
 
 def _count(sessions, model) -> int:
@@ -110,18 +116,18 @@ def test_refinement_lease_is_single_flight_and_keeps_the_done_row(sessions) -> N
 
 
 def test_hit_answers_in_the_requesters_own_ir(service) -> None:
-    request = TilingRequest(module=MATMUL, hardware="host-cpu", budget=4)
+    request = TilingRequest(module=MLP, hardware="host-cpu", budget=8)
     first = service.decide(request)
-    assert first.realisation is None and "@matmul_1024" in first.decision.tiled_module
+    assert first.realisation is None and "@mlp_chain" in first.decision.tiled_module
 
-    other = service.decide(request.model_copy(update={"module": MATMUL_RENAMED}))
+    other = service.decide(request.model_copy(update={"module": MLP_RENAMED}))
     assert other.cache == "hit" and other.decision.id == first.decision.id
     tiled = other.realisation.realised.tiled_module
-    assert "@tenant_b_kernel" in tiled and "matmul_1024" not in tiled
+    assert "@tenant_b_kernel" in tiled and "mlp_chain" not in tiled
     assert other.realisation.tuning_spec == first.decision.tuning_spec  # matchers name no function
 
     # Only comments, spacing and SSA names differ: MLIR prints it the same, the stored text is its own.
-    respelled = service.decide(request.model_copy(update={"module": MATMUL_RESPELLED}))
+    respelled = service.decide(request.model_copy(update={"module": MLP_RESPELLED}))
     assert respelled.cache == "hit" and respelled.realisation is None
 
 
@@ -129,14 +135,14 @@ def test_token_guards_reads_and_a_second_tenant_gets_its_own_text(migrated_url) 
     settings = Settings(database_url=migrated_url, api_token="t0ken", pool_workers=1)
     auth = {"Authorization": "Bearer t0ken"}
     with TestClient(create_app(settings)) as client:
-        body = {"module": MATMUL, "hardware": "host-cpu", "budget": 4}
+        body = {"module": MLP, "hardware": "host-cpu", "budget": 8}
         first = client.post("/v1/tilings", json=body, headers=auth).json()
         for path in (f"/v1/tilings/{first['id']}", f"/v1/tilings/{first['id']}/trials", "/v1/tilings", "/v1/hardware"):
             denied = client.get(path)
             assert denied.status_code == 401 and "Bearer" in denied.json()["detail"]["message"]
-        second = client.post("/v1/tilings", json={**body, "module": MATMUL_RENAMED}, headers=auth).json()
+        second = client.post("/v1/tilings", json={**body, "module": MLP_RENAMED}, headers=auth).json()
         assert second["cache"] == "hit" and second["id"] == first["id"]
-        assert "@tenant_b_kernel" in second["tiled_module"] and "matmul_1024" not in second["tiled_module"]
+        assert "@tenant_b_kernel" in second["tiled_module"] and "mlp_chain" not in second["tiled_module"]
 
 
 # --------------------------------------------------------------------------- 5. back-pressure
@@ -235,7 +241,8 @@ def test_caches_are_bounded_by_bytes() -> None:
 def test_decision_cache_of_the_service_counts_bytes(sessions, migrated_url, sandbox) -> None:
     settings = Settings(database_url=migrated_url, decision_cache_bytes=4096)
     service = TilingService(sessions, sandbox, settings)
-    service.decide(TilingRequest(module=MATMUL, hardware="host-cpu", budget=2))
+    decided = service.decide(TilingRequest(module=MLP, hardware="host-cpu", budget=8))
+    assert decided.decision.tiled_module
     assert len(service._done) == 0  # one decision with its tiled module is more than 4 KiB
     assert service._done.max_bytes == 4096
 

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from _shared import SHARED
+from _shared import SHARED, tuning_every_dispatch
 
 from service.ir.analysis import analyze
 from service.ir.dispatch import dispatches_of
@@ -154,7 +154,8 @@ def test_the_spec_of_one_decision_is_applied_by_iree(tmp_path, text):
     module = tmp_path / "mm.mlir"
     module.write_text(text)
     spec = tmp_path / "spec.mlir"
-    result = CliRunner().invoke(app, ["tune", str(module), "--budget", "12", "--workers", "1", "--spec-out", str(spec)])
+    with tuning_every_dispatch():  # a spec to check, whether or not the guard would keep IREE's default
+        result = CliRunner().invoke(app, ["tune", str(module), "--budget", "12", "--workers", "1", "--spec-out", str(spec)])
     assert result.exit_code == 0, result.output
     compile_model(module, tmp_path / "m.vmfb", tmp_path / "configs", spec=spec)
     (configured,) = dispatch_configs(tmp_path / "configs").values()

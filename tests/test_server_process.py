@@ -21,7 +21,7 @@ from typer.testing import CliRunner
 
 from service.cli import app
 from service.client import TilesearchClient, TilesearchError
-from _shared import WORKLOADS, workload
+from _shared import MATMUL_100, WORKLOADS, workload
 
 TILESEARCH = str(Path(sys.executable).with_name("tilesearch"))
 MATMUL = workload("matmul_1024")
@@ -63,11 +63,11 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 def test_client_miss_then_hit_on_the_same_decision(server: str) -> None:
     with TilesearchClient(server) as client:
-        first = client.tile(MATMUL, "host-cpu", budget=6, seed=3)
+        first = client.tile(MATMUL_100, "host-cpu", budget=6, seed=3)
         assert first.cache in ("miss", "warm") and first.status == "done"
         assert first.plan["groups"] and first.tiled_module and "scf." in first.tiled_module
         # Many hits: the two workers each answer some; all return the stored decision.
-        again = [client.tile(MATMUL, "host-cpu", budget=6, seed=3) for _ in range(8)]
+        again = [client.tile(MATMUL_100, "host-cpu", budget=6, seed=3) for _ in range(8)]
         assert {d.cache for d in again} == {"hit"}
         assert {d.id for d in again} == {first.id}
         assert client.get(first.id).plan == first.plan
@@ -110,8 +110,9 @@ def test_tune_via_server_writes_the_decision(server: str, tmp_path: Path) -> Non
 
 def test_tune_via_server_writes_the_decisions_spec(server: str, tmp_path: Path) -> None:
     """`--spec-out` was ignored with `--server` (exit 0, no file): a new user's trial."""
-    spec = tmp_path / "spec.mlir"
-    args = ["tune", str(WORKLOADS / "matmul_1024.mlir"), "--server", server, "--budget", "6", "--spec-out", str(spec)]
+    spec, module = tmp_path / "spec.mlir", tmp_path / "matmul_100.mlir"
+    module.write_text(MATMUL_100)
+    args = ["tune", str(module), "--server", server, "--budget", "6", "--spec-out", str(spec)]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     decision = json.loads(CliRunner().invoke(app, [*args[:-2], "--json"]).output)

@@ -9,7 +9,7 @@ import pytest
 from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
-import service.search.engine as engine
+import service.search.guard as guard
 from _shared import WORKLOADS
 from service.api.app import create_app
 from service.cli import app
@@ -178,7 +178,7 @@ def test_cli_a_search_bug_is_not_reported_as_bad_input(monkeypatch):
     def broken(*args, **kwargs):
         raise ValueError("'0' not in (1,).")
 
-    monkeypatch.setattr(engine, "tune", broken)
+    monkeypatch.setattr(guard, "tune", broken)  # the search the CLI's decision runs
     result = CliRunner().invoke(app, ["tune", str(WORKLOADS / "matmul_1024.mlir"), "--budget", "4", "--workers", "1"])
     assert result.exit_code != 2 and isinstance(result.exception, ValueError)
 

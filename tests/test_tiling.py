@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import event, func, select
 
-from _shared import workload
+from _shared import MATMUL_100, workload
 from service.ir.errors import MLIRSyntaxError
 from service.measure.tools import host_translation_info
 from service.store.models import Decision, DecisionStatus, GroupRecord, Trial
@@ -20,7 +20,7 @@ def _count(sessions, model) -> int:
 
 
 def test_miss_then_hit_serves_the_stored_decision(service, sessions) -> None:
-    request = TilingRequest(module=workload("matmul_1024"), hardware="host-cpu", budget=12, seed=3)
+    request = TilingRequest(module=MATMUL_100, hardware="host-cpu", budget=12, seed=3)
     first = service.decide(request)
     assert first.cache == "miss"
     assert first.decision.status == DecisionStatus.DONE
@@ -33,7 +33,7 @@ def test_miss_then_hit_serves_the_stored_decision(service, sessions) -> None:
     # every evaluated plan is stored, plus the super-tiling baseline and rejected candidates
     assert trials >= first.decision.search_stats["evaluations"] > 0
 
-    renamed = workload("matmul_1024").replace("@matmul_1024", "@other_name").replace("%a", "%lhs")
+    renamed = MATMUL_100.replace("@f(", "@other_name(").replace("%a", "%lhs")
     second = service.decide(request.model_copy(update={"module": renamed}))
     assert second.cache == "hit" and second.decision.id == first.decision.id
     assert "search_s" not in second.timings

@@ -8,7 +8,7 @@ import pickle
 
 import pytest
 
-from _shared import workload
+from _shared import MATMUL_100, workload
 from service.hardware.profiles import UnknownHardwareError, get_profile
 from service.ir.analysis import cached_analysis, source_key
 from service.ir.errors import Diagnostic, MLIRSyntaxError, ModuleTooLargeError, PlanError
@@ -51,7 +51,7 @@ def _raise_unknown_hardware() -> None:
 
 
 def test_worker_tasks_answer_contract_models(sandbox) -> None:
-    source = workload("mlp_chain")
+    source = MATMUL_100
     analysis = sandbox.run(analyse_request, source, 5000, timeout=60)
     assert isinstance(analysis, ModuleAnalysis)
     assert len(analysis.fingerprint) == 64 and analysis.ops and analysis.groups

@@ -96,7 +96,9 @@ class DecisionOut(DecisionSummary):
             "origin_map": realised.origin if realised else None,
             "compilation_info": {uid: info.model_dump() for uid, info in realisation.compilation_info.items()},
             "tuning_spec": realisation.tuning_spec,
-            "no_tuning_spec": realisation.no_tuning_spec,
+            # The stored reason (IREE's default kept, by prediction or measurement) holds for any
+            # text of the same structure; re-applying an untiled plan only knows it tiles nothing.
+            "no_tuning_spec": None if realisation.tuning_spec else out.no_tuning_spec or realisation.no_tuning_spec,
         })
 
 

@@ -371,8 +371,8 @@ def tune_cmd(
 
     from service.hardware.profiles import UnknownHardwareError
     from service.ir.errors import IRError
-    from service.search.engine import tune
     from service.search.errors import SearchInputError
+    from service.search.guard import tune_from_iree_default
     from service.search.report import summary_lines, write_outputs
 
     sessions, store_why = _ready_store()
@@ -389,8 +389,9 @@ def tune_cmd(
             bar.update(task, completed=min(done, total), best=f"{best * 1e3:.3f} ms" if best else "-")
 
         try:
-            result = tune(source, hw, budget=budget, seconds=seconds, strategy=strategy, seed=seed,
-                          shape_hints=shape_hint, buckets=bucket, workers=workers, progress=progress)
+            result = tune_from_iree_default(source, hw, guard=not measure_top, budget=budget, seconds=seconds,
+                                            strategy=strategy, seed=seed, shape_hints=shape_hint, buckets=bucket,
+                                            workers=workers, progress=progress)
         except (IRError, SearchInputError) as exc:  # the input's fault; any other error is ours
             raise _ir_failure(exc) from None
     if measure_top:
@@ -412,7 +413,7 @@ def tune_cmd(
     written = write_outputs(result, source, out) if out else []
     no_spec = None
     if spec_out is not None and not result.plan.get("groups"):
-        _no_spec_needed(spec_out, as_json)
+        _no_spec_needed(spec_out, as_json, (result.iree_default or {}).get("reason"))
     elif spec_out is not None:
         no_spec = _write_spec(source, result.plan, hw, spec_out)
         if no_spec is None:
@@ -433,12 +434,14 @@ def tune_cmd(
         raise typer.Exit(3)
 
 
-def _no_spec_needed(path: Path, as_json: bool) -> None:
-    """The answer leaves every op to IREE (the best plan tiles nothing, or IREE's default measured
-    fastest): no spec is the right output, and an older file there would be a stale answer."""
+def _no_spec_needed(path: Path, as_json: bool, why: str | None = None) -> None:
+    """The answer leaves every op to IREE (the best plan tiles nothing, or IREE's default was
+    predicted as fast or measured fastest): no spec is the right output, and an older file there
+    would be a stale answer."""
     path.unlink(missing_ok=True)
     if not as_json:
-        typer.echo(f"note: no tuning spec written to {path}: the answer keeps IREE's own configs", err=True)
+        typer.echo(f"note: no tuning spec written to {path}: the answer keeps IREE's own configs"
+                   + (f" ({why})" if why else ""), err=True)
 
 
 def _write_spec(source: str | bytes, plan: dict, hardware, path: Path) -> str | None:

@@ -29,6 +29,7 @@ from .tools import (
     benchmark_threads,
     chosen_lowering_configs,
     compile_module,
+    configure_module,
     iree_version,
 )
 
@@ -190,6 +191,21 @@ def measure_default(
     with _workdir(keep_dir) as workdir:
         flags = write_inputs(prepared.arguments, workdir)
         return _measure(prepared, workdir, "default", settings, flags)
+
+
+def iree_default_configs(module_text: str | bytes, timeout_s: float) -> list[str]:
+    """The lowering configs IREE's CPU backend chooses for the module's dispatches on this host
+    when told nothing (no spec, no forced config), as MLIR prints them: configured, not compiled
+    to code, not timed. Raises ToolFailure when IREE cannot take the module."""
+    with tempfile.TemporaryDirectory(prefix="tilesearch-default-") as tmp:
+        mlir_path = Path(tmp) / ("module.mlirbc" if isinstance(module_text, bytes) else "module.mlir")
+        if isinstance(module_text, bytes):
+            mlir_path.write_bytes(module_text)
+        else:
+            mlir_path.write_text(module_text)
+        configs_dir = Path(tmp) / "configs"
+        configure_module(mlir_path, configs_dir, timeout_s)
+        return chosen_lowering_configs(configs_dir) if configs_dir.exists() else []
 
 
 def measure_plan_and_default(

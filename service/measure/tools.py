@@ -129,6 +129,15 @@ def compile_module(mlir_path: Path, vmfb_path: Path, configs_dir: Path, timeout_
              timeout_s)
 
 
+def configure_module(mlir_path: Path, configs_dir: Path, timeout_s: float) -> None:
+    """iree-compile for this host's CPU up to the executable configurations (IREE's lowering
+    configs chosen and dumped, no code generated): a fraction of a full compile's time."""
+    run_tool("iree-compile", [str(mlir_path), *HOST_COMPILE_FLAGS, "--compile-to=executable-configurations",
+                              f"--iree-hal-dump-executable-configurations-to={configs_dir}",
+                              "-o", str(mlir_path.with_suffix(".configured.mlir"))],
+             timeout_s)
+
+
 def _dumped_attributes(configs_dir: Path, name: str) -> list[str]:
     """The `name` attributes of the ops in IREE's executable-configuration dumps, in file and
     op order, as MLIR prints them (the dumps are parsed with the real MLIR parser)."""

@@ -26,8 +26,7 @@ from service.measure.dispatch_profile import DispatchTime, profile_dispatches
 from service.measure.tools import ToolFailure
 from service.measure.tuning_spec import ContractionMatcher, tuning_spec
 from service.measure.whole_model import canonical_attribute, compile_model, dispatch_configs
-
-from .guard import MEASURED_MARGIN
+from service.search.guard import MEASURED_MARGIN
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ one tuning spec that IREE is shown to apply.
    each slice is one more `tune` of one dispatch, warm-started from its best plan so far.
    IREE's own default config of each root (from the model compiled once without a spec) is
    priced as a plan by the same evaluator, and a dispatch ships its tuned config only if it is
-   predicted faster than that default by a margin (`guard.py`); with `measure_top`, measured
+   predicted faster than that default by a margin (`service.search.guard`); with `measure_top`, measured
    faster inside the model (`in_model.py`), and the whole model with the spec too.
 4. The best plan's root group becomes a `compilation_info`, and the dispatch's root a contraction
    matcher (`service.measure.tuning_spec`). Roots that two dispatches share get one matcher.
@@ -53,11 +53,11 @@ from service.measure.whole_model import (
     model_arguments,
 )
 from service.search.engine import tune
+from service.search.guard import iree_default_plan, measured_verdict, predicted_default_s, predicted_verdict
 from service.search.refine import MeasuredPlan, Refinement, top_plans, with_measured_choice
 from service.search.results import TuneResult
 from service.search.task_scheduler import TaskState, schedule
 
-from .guard import iree_default_plan, measured_verdict, predicted_default_s, predicted_verdict
 from .in_model import RootUnderTest, confirm_in_model, time_in_model, whole_build_choice
 
 ProgressFn = Callable[[str, int, int], None]  # (dispatch name, slices done, slices in all)
@@ -181,7 +181,7 @@ class _Candidate:
         self.seconds = 0.0
         self.complete = True
         self.result: TuneResult | None = None  # the last slice's result, with every slice's trials
-        self.default_plan: dict | None = None  # IREE's default config as a plan (guard.py)
+        self.default_plan: dict | None = None  # IREE's default config as a plan (service.search.guard)
         self.default_s: float | None = None
         self.refinement: Refinement | None = None
         self.measured_s: float | None = None
@@ -331,7 +331,7 @@ def _verify(model: Path, spec_path: Path, tuned: dict[str, tuple[_Candidate, str
 
 
 def _judge(c: _Candidate, hardware: HardwareModel) -> None:
-    """The guard by prediction (guard.py): the tuned plan ships only if it is predicted faster
+    """The guard by prediction (service.search.guard): the tuned plan ships only if it is predicted faster
     than IREE's default; `c.left` says why not. A candidate measured inside the model was
     decided by its measurement (`_measure_in_model`)."""
     c.default_s = predicted_default_s(c.dispatch.module or "", hardware, c.default_plan)

@@ -19,8 +19,10 @@ def _ms(latency: float | None) -> str:
 def summary_lines(result: TuneResult) -> list[str]:
     base = result.baseline or {}
     best = result.predicted.get("latency_s")
+    kept = bool(result.iree_default and result.iree_default.get("kept"))
     lines = [
-        f"best plan ({result.strategy}, seed {result.seed}): {json.dumps(result.plan)}",
+        f"best plan ({result.strategy}, seed {result.seed}): {json.dumps(result.plan)}"
+        + ("  (none: IREE's default config is kept, see below)" if kept else ""),
         f"predicted: {_ms(best)}  feasible={result.feasible}  bound by {result.predicted.get('bound_by', '?')}",
         f"super-tiling baseline (tilesearch's simple heuristic, not IREE): {_ms(base.get('latency_s'))}  "
         f"feasible={base.get('feasible')}"
@@ -34,11 +36,22 @@ def summary_lines(result: TuneResult) -> list[str]:
         + ("" if result.complete else "  [time budget hit: search incomplete]")
     )
     lines += measured_lines(result.measured)
+    lines += iree_default_lines(result.iree_default)
     for b in result.dispatch or []:
         lines.append(f"dispatch {b['dim']} in ({b['min_exclusive']}, {b['max_inclusive']}]: plan {b['plan_hash']} (bucket {b['bucket']})")
     if not result.feasible:
         lines.append("NO FEASIBLE PLAN: " + "; ".join(result.predicted.get("reasons", [])))
     return lines
+
+
+def iree_default_lines(default: dict | None) -> list[str]:
+    """What the search's pick was judged against: IREE's own config of the contraction."""
+    if not default or "predicted_s" not in default:
+        return []
+    line = f"IREE's default {default['config']}: predicted {_ms(default['predicted_s'])}"
+    if default.get("kept"):
+        return [line, f"kept IREE's default: {default['reason']}"]
+    return [line]
 
 
 def measured_lines(measured: dict | None) -> list[str]:

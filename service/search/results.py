@@ -43,6 +43,9 @@ class TuneResult(BaseModel):
     dispatch: list[dict] | None = Field(default=None, description="which bucket plan serves which range of the bucketed dim")
     measured: dict | None = Field(default=None, description="measure-in-the-loop refinement (service.search.refine): "
                                   "the top plans and IREE's default timed on this machine, and which answered")
+    iree_default: dict | None = Field(default=None, description="IREE's default config of the module's contraction "
+                                      "(service.search.guard): anchor, config, predicted_s, and whether it was kept "
+                                      "(kept: the plan is untiled, IREE configures the op) and why")
 
     def summary(self) -> dict:
         """The CLI's --json shape."""
@@ -57,4 +60,5 @@ class TuneResult(BaseModel):
             "warnings": self.warnings,
             **({"dispatch": self.dispatch} if self.dispatch else {}),
             **({"measured": self.measured} if self.measured else {}),
+            **({"iree_default": self.iree_default} if self.iree_default else {}),
         }

@@ -175,6 +175,9 @@ class SearchStats(_Contract):
     # "candidate" (a measured plan), "iree_default" (IREE's own config measured fastest) or
     # "predicted" (nothing could be measured; `not_measurable` says why). None: not measured.
     measured: dict[str, Any] | None = None
+    # IREE's default config of the module's contraction and its predicted cost, and whether the
+    # answer left the module to it (service.search.guard.tune_from_iree_default). None: unknown.
+    iree_default: dict[str, Any] | None = None
 
 
 class Realisation(_Contract):

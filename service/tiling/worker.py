@@ -16,7 +16,7 @@ from service.measure.tuning_spec import spec_for_plan, why_no_spec
 from service.search.candidate import Evaluation
 from service.measure.cache import host_key
 from service.measure.timing import Measurement, cpu_per_core_s
-from service.search.engine import tune
+from service.search.guard import tune_from_iree_default
 from service.search.refine import Refinement, measured_answer, refine
 from service.search.results import TuneResult
 from service.search.shapes import check_shapes, parse_buckets, parse_shape_hints
@@ -132,6 +132,7 @@ def _stats(result: TuneResult) -> SearchStats:
         warnings=result.warnings,
         dispatch=result.dispatch,
         buckets=[b.model_dump() for b in result.buckets] if result.buckets else None,
+        iree_default=result.iree_default,
     )
 
 
@@ -173,9 +174,10 @@ def search_and_realise(source: str, task: SearchTask, observer: SearchObserver |
         warm = [task.resume_plan.model_dump(), *warm]
     # Plans are evaluated in a worker this job process keeps (pebble's workers may start
     # processes): a plan that crashes MLIR costs that plan, as in the CLI, not the request.
-    result = tune(
+    result = tune_from_iree_default(
         source,
         task.hardware,
+        guard=not task.measure_top,  # measured, IREE's default is timed beside the top plans instead
         budget=task.budget,
         seconds=task.seconds,
         strategy=task.strategy,
@@ -207,7 +209,7 @@ def outcome_of(source: str, result: TuneResult, hardware: HardwareModel, measure
         baseline=result.baseline,
         realised=apply_plan_to_text(source, plan) if plan.groups else None,
         compilation_info=compilation_infos(graph, plan, translation_info),
-        **_tuning_spec(graph, plan, translation_info),
+        **_tuning_spec(graph, plan, translation_info, _left_to_iree(result)),
         trials=_trials(result, trial_offset),
         group_bests=_group_bests(graph, plan, result),
         stats=_stats(result),
@@ -215,10 +217,19 @@ def outcome_of(source: str, result: TuneResult, hardware: HardwareModel, measure
     )
 
 
-def _tuning_spec(graph, plan: Plan, translation_info: str | None) -> dict[str, str | None]:
+def _left_to_iree(result: TuneResult) -> str | None:
+    """Why the answer leaves the module to IREE's own config, when IREE's default won."""
+    if result.iree_default and result.iree_default.get("kept"):
+        return result.iree_default["reason"]
+    if result.measured and result.measured.get("kept") == "iree_default":
+        return "IREE's default measured fastest on this machine: IREE keeps its own config"
+    return None
+
+
+def _tuning_spec(graph, plan: Plan, translation_info: str | None, left_to_iree: str | None = None) -> dict[str, str | None]:
     """The plan's tuning spec, or why it has none."""
     spec = spec_for_plan(graph, plan, translation_info)
-    return {"tuning_spec": spec, "no_tuning_spec": None if spec else why_no_spec(graph, plan)}
+    return {"tuning_spec": spec, "no_tuning_spec": None if spec else left_to_iree or why_no_spec(graph, plan)}
 
 
 def realise_plan(source: str, plan: Plan, hardware: HardwareModel) -> Realisation:

@@ -1,0 +1,163 @@
+"""Never answer with a config worse than IREE's own: a tuned plan against IREE's default.
+
+IREE's default config of a contraction (from iree-compile for this host: the model built
+without a spec, or the single module configured) becomes a plan of ours: the root's group,
+fusing what IREE fuses into its dispatch, with IREE's three tiling levels
+(`service.measure.lowering.levels_from_lowering_config`). That plan is priced by the search's
+own evaluator, as the search prices its plans. A tuned plan is answered only when it is
+predicted faster than IREE's default by PREDICTED_MARGIN, or, when measured, measured faster by
+MEASURED_MARGIN; otherwise the op is left to IREE, and the answer says why with both numbers.
+
+`tune_from_iree_default` is the single-module decision (the REST API's, a job item's, `tilesearch
+tune`'s): the search starts from IREE's default and the guard judges its pick. Whole models
+(`service.model_tuning`) read IREE's default per dispatch from the model's build and guard each
+dispatch, weighted by its calls.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from service.hardware.model import HardwareModel
+from service.hardware.profiles import HOST_CPU
+from service.ir.analysis import cached_analysis
+from service.ir.graph import OpGraph, TileableOp
+from service.ir.plan import Plan
+from service.measure.calibration_plans import dispatch_members
+from service.measure.lowering import levels_from_lowering_config, lowering_config_of
+from service.measure.timing import iree_default_configs
+from service.measure.tools import ToolFailure
+
+from .engine import tune
+from .evaluator import price_plans
+from .results import TuneResult
+
+log = logging.getLogger(__name__)
+
+# A tuned config must beat IREE's default by this much to ship: the cost model's error near the
+# optimum, and the timing noise, are of that order, and a tie is IREE's (it is what users get
+# without tilesearch).
+PREDICTED_MARGIN = 0.05
+MEASURED_MARGIN = 0.05
+
+
+def iree_default_plan(graph: OpGraph, root: TileableOp, config_text: str | None) -> dict | None:
+    """IREE's default lowering config of `root` as a plan over the dispatch module (None: IREE
+    gave the root no config with a distribution level, or one of another rank)."""
+    if config_text is None:
+        return None
+    try:
+        config = lowering_config_of(config_text)
+    except ValueError:
+        return None
+    rank = len(root.iterator_types)
+    if config is None or any(len(sizes) != rank for sizes in
+                             (config.distribution, config.vector_common_parallel, config.vector_reduction)):
+        return None
+    return {"groups": [{"anchor": root.uid, "fuse": dispatch_members(graph, root.uid),
+                        "levels": levels_from_lowering_config(config)}]}
+
+
+def predicted_default_s(module: str, hardware: HardwareModel, default_plan: dict | None) -> float | None:
+    """The cost model's latency for IREE's default plan on the dispatch module, by the search's
+    own evaluator; None when it has no default plan or MLIR could not apply it."""
+    if default_plan is None:
+        return None
+    (ev,) = price_plans(module, hardware, [default_plan])
+    return ev.latency_s if ev.stage == "cost" else None
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.4f} ms"
+
+
+def predicted_verdict(tuned_s: float | None, default_s: float | None) -> str | None:
+    """Why the tuned plan must not ship against IREE's default by prediction, or None (ship it)."""
+    if tuned_s is None or default_s is None:
+        return None
+    if tuned_s * (1 + PREDICTED_MARGIN) > default_s:
+        return (f"IREE's default predicted as fast: {_ms(default_s)} vs {_ms(tuned_s)} tuned "
+                f"(a tuned config ships {PREDICTED_MARGIN:.0%} faster or not at all)")
+    return None
+
+
+def measured_verdict(tuned_s: float | None, default_s: float | None) -> str | None:
+    """Why the fastest measured plan must not ship against IREE's default, both timed inside the
+    model (`in_model.py`), or None (ship it). Nothing to compare: IREE's config is kept."""
+    if tuned_s is None or default_s is None:
+        return "not measured inside the model: IREE's own config is kept"
+    if tuned_s * (1 + MEASURED_MARGIN) > default_s:
+        return (f"IREE's default measured as fast inside the model: {_ms(default_s)} vs {_ms(tuned_s)} tuned "
+                f"(wall time per model run; a tuned config ships {MEASURED_MARGIN:.0%} faster or not at all)")
+    return None
+
+
+# iree-compile up to the executable configurations takes well under a second for one dispatch;
+# a module IREE chokes on must not hold the search.
+CONFIGURE_TIMEOUT_S = 30.0
+
+
+class IreeDefault(BaseModel):
+    """IREE's default config of a module's one contraction, as IREE printed it and as a plan."""
+
+    anchor: int = Field(description="the contraction's uid")
+    config: str = Field(description="the lowering_config IREE gave it")
+    plan: dict = Field(description="the config as a plan of ours (iree_default_plan)")
+
+
+def iree_default_of(source: str | bytes) -> IreeDefault | None:
+    """IREE's default for the module's contraction, configured by iree-compile for this host.
+    None when there is nothing to compare against: not exactly one contraction, a dynamic dim
+    (no spec can match it), IREE failing on the module, or no config of the root's rank (the
+    dispatch's root is then not the contraction)."""
+    graph = cached_analysis(source).graph
+    roots = [op for op in graph.ops.values() if op.kind == "contraction"]
+    if len(roots) != 1 or any(r is None for r in roots[0].loop_ranges):
+        return None
+    (root,) = roots
+    try:
+        configs = iree_default_configs(source, CONFIGURE_TIMEOUT_S)
+    except ToolFailure as failure:
+        log.info("IREE's default config unknown, iree-compile failed: %s", failure)
+        return None
+    found = [(text, plan) for text in configs if (plan := iree_default_plan(graph, root, text)) is not None]
+    if len(found) != 1:
+        return None
+    ((text, plan),) = found
+    return IreeDefault(anchor=root.uid, config=text, plan=plan)
+
+
+def guarded(source: str | bytes, result: TuneResult, hardware: HardwareModel, default: IreeDefault) -> TuneResult:
+    """`result`, or IREE's own config (the untiled plan: no spec, IREE configures the op) when its
+    pick is not predicted faster than IREE's default by PREDICTED_MARGIN. `iree_default` records
+    the default's predicted cost and which answered."""
+    (ev,) = price_plans(source, hardware, [default.plan])
+    default_s = ev.latency_s if ev.stage == "cost" else None
+    tiles = bool(result.plan.get("groups"))
+    verdict = predicted_verdict(result.predicted.get("latency_s") if tiles and result.feasible else None, default_s)
+    record: dict[str, Any] = {"anchor": default.anchor, "config": default.config, "predicted_s": default_s,
+                              "kept": verdict is not None, "reason": verdict}
+    if verdict is None:
+        return result.model_copy(update={"iree_default": record})
+    return result.model_copy(update={"plan": {"groups": []}, "plan_hash": Plan().plan_hash(),
+                                     "predicted": ev.cost or {"latency_s": default_s}, "feasible": ev.feasible,
+                                     "iree_default": record})
+
+
+def tune_from_iree_default(source: str, hardware: HardwareModel, *, guard: bool = True,
+                           warm_start_plans: list[dict] | None = None, **search: Any) -> TuneResult:
+    """The single-module decision: `engine.tune` started from IREE's default config (when the
+    module has one contraction IREE configures), its pick then judged against that default
+    (`guard`; off when measurements will judge it instead). Only for `host-cpu`: IREE's default
+    is read for the machine the service runs on, and means nothing for another target."""
+    default = None if search.get("buckets") or hardware.name != HOST_CPU else iree_default_of(source)
+    starts = [*(warm_start_plans or []), *([default.plan] if default else [])]
+    result = tune(source, hardware, warm_start_plans=starts or None, **search)
+    if default is None:
+        return result
+    if not guard:
+        return result.model_copy(update={"iree_default": {"anchor": default.anchor, "config": default.config}})
+    return guarded(source, result, hardware, default)

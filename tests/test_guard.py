@@ -1,0 +1,202 @@
+"""The guard against IREE's own default (service.search.guard): a tuned config is answered only
+when it beats the config IREE gives the op itself, predicted with the same cost model or measured.
+For a whole model per dispatch, and for one module's decision (the REST API's, a job item's,
+`tilesearch tune`'s)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from fastapi.testclient import TestClient
+from typer.testing import CliRunner
+
+from _shared import MATMUL_100, SHARED, TWO_STACKED_MATMULS, matmul_module, workload
+
+from service.api.app import create_app
+from service.cli import app
+from service.config import Settings
+from service.hardware.model import HardwareModel
+
+from service.hardware.profiles import get_profile
+from service.ir.analysis import analyze
+from service.measure.lowering import (
+    LoweringConfig,
+    levels_from_lowering_config,
+    lowering_config_from_levels,
+    lowering_config_of,
+)
+from service.model_tuning import tune_model
+from service.search import guard
+from service.model_tuning import tune as tune_module
+from service.search.engine import tune
+
+MLP = SHARED / "models" / "mlp_512_2048_b16.linalg.mlir"
+
+# A dispatch as the search sees it: fill, matmul (the root), the bias add IREE fuses after it.
+DISPATCH = """
+func.func @d(%a: tensor<16x512xf32>, %b: tensor<512x256xf32>, %bias: tensor<256xf32>) -> tensor<16x256xf32> {
+  %zero = arith.constant 0.0 : f32
+  %e = tensor.empty() : tensor<16x256xf32>
+  %f = linalg.fill ins(%zero : f32) outs(%e : tensor<16x256xf32>) -> tensor<16x256xf32>
+  %m = linalg.matmul ins(%a, %b : tensor<16x512xf32>, tensor<512x256xf32>) outs(%f : tensor<16x256xf32>) -> tensor<16x256xf32>
+  %r = linalg.generic {indexing_maps = [affine_map<(i, j) -> (i, j)>, affine_map<(i, j) -> (j)>, affine_map<(i, j) -> (i, j)>],
+                       iterator_types = ["parallel", "parallel"]}
+      ins(%m, %bias : tensor<16x256xf32>, tensor<256xf32>) outs(%e : tensor<16x256xf32>) {
+    ^bb0(%x: f32, %y: f32, %o: f32):
+      %s = arith.addf %x, %y : f32
+      linalg.yield %s : f32
+  } -> tensor<16x256xf32>
+  return %r : tensor<16x256xf32>
+}"""
+IREE_CONFIG = ("#iree_cpu.lowering_config<distribution = [16, 64, 0], vector_common_parallel = [8, 16, 0], "
+               "vector_reduction = [0, 0, 16]>")
+
+
+def test_a_plan_of_irees_levels_maps_back_to_the_same_config():
+    config = LoweringConfig(distribution=[16, 64, 0], vector_common_parallel=[8, 16, 0], vector_reduction=[0, 0, 16])
+    levels = levels_from_lowering_config(config)
+    assert [lv["loop"] for lv in levels] == ["forall", "for", "for"]
+    assert lowering_config_from_levels(levels, ["parallel", "parallel", "reduction"]) == config
+
+
+def test_irees_default_becomes_the_roots_group_fusing_what_iree_fuses():
+    graph = analyze(DISPATCH).graph
+    (root,) = [op for op in graph.ops.values() if op.kind == "contraction"]
+    plan = guard.iree_default_plan(graph, root, IREE_CONFIG)
+    (group,) = plan["groups"]
+    assert group["anchor"] == root.uid
+    assert sorted(group["fuse"]) == sorted(u for u in graph.ops if u != root.uid)  # the fill and the bias add
+    assert [lv["tile_sizes"] for lv in group["levels"]] == [[16, 64, 0], [8, 16, 0], [0, 0, 16]]
+    # No plan where IREE gave the root nothing to map, or a config of another rank.
+    assert guard.iree_default_plan(graph, root, None) is None
+    assert guard.iree_default_plan(graph, root, "#iree_cpu.lowering_config<vector_common_parallel = [8, 16, 0]>") is None
+    assert guard.iree_default_plan(graph, root, "#iree_cpu.lowering_config<distribution = [16, 64], "
+                                                "vector_common_parallel = [8, 16], vector_reduction = [0, 0]>") is None
+
+
+def test_irees_default_is_priced_as_the_search_prices_its_own_plans(host):
+    graph = analyze(DISPATCH).graph
+    (root,) = [op for op in graph.ops.values() if op.kind == "contraction"]
+    plan = guard.iree_default_plan(graph, root, IREE_CONFIG)
+    result = tune(DISPATCH, host, budget=8, seed=0, warm_start_plans=[plan], workers=1, keep_pool=True)
+    (seeded,) = [t for t in result.trials if t.source == "warm_start"]
+    assert guard.predicted_default_s(DISPATCH, host, plan) == pytest.approx(seeded.latency_s)
+
+
+@pytest.mark.parametrize(("tuned", "default", "ships"), [
+    (1.0, 1.2, True),
+    (1.0, 1.05, True),     # exactly the margin
+    (1.0, 1.04, False),    # faster, but within the margin
+    (1.0, 0.9, False),     # IREE's default predicted faster
+    (1.0, None, True),     # no default to compare with
+])
+def test_a_tuned_plan_ships_only_predicted_faster_than_irees_default_by_the_margin(tuned, default, ships):
+    reason = guard.predicted_verdict(tuned * 1e-3, None if default is None else default * 1e-3)
+    assert (reason is None) == ships
+    if not ships:
+        assert reason.startswith("IREE's default predicted as fast: ")
+
+
+@pytest.mark.parametrize(("tuned", "default", "ships"), [
+    (1.0, 1.2, True),
+    (1.0, 1.04, False),    # faster, but within the margin
+    (1.0, 0.9, False),     # IREE's default measured faster
+    (1.0, None, False),    # nothing to compare with: IREE's config is kept
+    (None, 1.0, False),
+])
+def test_a_plan_measured_inside_the_model_ships_only_faster_than_irees_default_by_the_margin(tuned, default, ships):
+    reason = guard.measured_verdict(None if tuned is None else tuned * 1e-3, None if default is None else default * 1e-3)
+    assert (reason is None) == ships
+
+
+@pytest.mark.slow
+def test_a_dispatch_predicted_slower_than_irees_default_is_left_to_iree(monkeypatch, tmp_path):
+    """Only the prediction seam is replaced: IREE's default is priced faster than any plan."""
+    monkeypatch.setattr(tune_module, "predicted_default_s", lambda module, hardware, plan: 1e-9)
+    report = tune_model(MLP, get_profile("host-cpu"), tmp_path / "spec.mlir", budget=64)
+    assert len(report.dispatches) == 2 and not any(d.tuned for d in report.dispatches)
+    for d in report.dispatches:
+        assert d.reason.startswith("IREE's default predicted as fast: 0.0000 ms vs ")
+        assert d.iree_default.startswith("#iree_cpu.lowering_config<distribution = ")
+    assert report.spec is None and not Path(tmp_path / "spec.mlir").exists() and report.searches == []
+
+
+# --------------------------------------------------------------------------- one module's decision
+
+# A square matmul the reference host's model prices IREE's default as good as anything a small
+# search finds: its decision is IREE's own config.
+MATMUL_1024 = workload("matmul_1024")
+
+
+def test_irees_default_of_a_static_contraction_is_what_iree_compile_configures():
+    source = matmul_module("nk", 16, 512, 256)
+    default = guard.iree_default_of(source)
+    graph = analyze(source).graph
+    (root,) = [op for op in graph.ops.values() if op.kind == "contraction"]
+    assert default.anchor == root.uid
+    config = lowering_config_of(default.config)  # IREE's printed attribute, parsed back
+    assert len(config.distribution) == 3 and config.vector_reduction[2] > 0  # m, n, k; k tiled in registers
+    assert default.plan == guard.iree_default_plan(graph, root, default.config)
+
+
+def test_there_is_no_irees_default_to_guard_against_without_one_static_contraction():
+    dynamic = workload("dynamic_matmul")
+    assert guard.iree_default_of(dynamic) is None  # no spec can match a dynamic dim
+    assert guard.iree_default_of(workload("softmax")) is None  # no contraction
+    two = TWO_STACKED_MATMULS
+    assert sum(op.kind == "contraction" for op in analyze(two).graph.ops.values()) == 2
+    assert guard.iree_default_of(two) is None  # which one's config the decision is judged by is unclear
+
+
+def test_a_pick_not_predicted_faster_than_irees_default_leaves_the_module_to_iree(host, monkeypatch):
+    monkeypatch.setattr(guard, "PREDICTED_MARGIN", 100.0)  # nothing the search finds is that much faster
+    result = guard.tune_from_iree_default(MATMUL_100, host, budget=8, seed=0, workers=1)
+    record = result.iree_default
+    assert result.plan == {"groups": []} and record["kept"] is True
+    assert record["reason"].startswith("IREE's default predicted as fast: ")
+    assert result.predicted["latency_s"] == pytest.approx(record["predicted_s"])
+    # IREE's default was one of the search's starts, priced by the same evaluator.
+    default = guard.iree_default_of(MATMUL_100)
+    (start,) = [t for t in result.trials if t.source == "warm_start" and t.plan == default.plan]
+    assert start.latency_s == pytest.approx(record["predicted_s"])
+
+
+def test_a_pick_predicted_faster_than_irees_default_is_answered_with_both_numbers(host):
+    result = guard.tune_from_iree_default(MATMUL_100, host, budget=8, seed=0, workers=1)
+    record = result.iree_default
+    assert result.plan["groups"] and record["kept"] is False and record["reason"] is None
+    assert result.predicted["latency_s"] * (1 + guard.PREDICTED_MARGIN) <= record["predicted_s"]
+    assert record["config"].startswith("#iree_cpu.lowering_config<distribution = ")
+
+
+def test_measured_answers_and_other_targets_are_not_judged_by_prediction(host):
+    measured = guard.tune_from_iree_default(MATMUL_1024, host, guard=False, budget=4, seed=0, workers=1)
+    assert measured.plan["groups"] and "kept" not in measured.iree_default  # measurements judge it
+    other = HardwareModel.model_validate(host.model_dump() | {"name": "another-cpu"})
+    elsewhere = guard.tune_from_iree_default(MATMUL_1024, other, budget=4, seed=0, workers=1)
+    assert elsewhere.iree_default is None  # IREE's default on this machine says nothing of another
+
+
+def test_the_api_answers_irees_own_config_with_the_reason_and_keeps_it(migrated_url):
+    body = {"module": MATMUL_1024, "hardware": "host-cpu", "budget": 4}
+    with TestClient(create_app(Settings(database_url=migrated_url, pool_workers=1))) as client:
+        miss = client.post("/v1/tilings", json=body).json()
+        assert miss["plan"] == {"groups": []} and miss["tuning_spec"] is None
+        assert miss["no_tuning_spec"].startswith("IREE's default predicted as fast: ")
+        assert miss["search_stats"]["iree_default"]["kept"] is True
+        hit = client.post("/v1/tilings", json=body).json()
+        assert hit["cache"] == "hit" and hit["no_tuning_spec"] == miss["no_tuning_spec"]
+        assert client.get(f"/v1/tilings/{miss['id']}").json()["no_tuning_spec"] == miss["no_tuning_spec"]
+
+
+def test_tune_writes_no_spec_when_irees_default_is_kept_and_says_why(tmp_path):
+    module, spec = tmp_path / "mm.mlir", tmp_path / "spec.mlir"
+    module.write_text(MATMUL_1024)
+    spec.write_text("// an older answer")
+    result = CliRunner().invoke(app, ["tune", str(module), "--budget", "4", "--spec-out", str(spec)])
+    assert result.exit_code == 0, result.output
+    assert not spec.exists()
+    assert "kept IREE's default: IREE's default predicted as fast" in result.output
+    assert "no tuning spec written" in result.output and "(IREE's default predicted as fast" in result.output
