@@ -16,7 +16,7 @@ Models compared:
 TPE, --budget plans, guarded against that default) on each held-out shape and measures its pick
 against IREE's default, paired in alternating rounds (cached like the grid).
 
-    python benchmarks/model_fidelity.py [--measure] [--search] [--budget 200] [--details [tune]] [--host KEY|all]
+    python benchmarks/model_fidelity.py [--measure] [--search [--unguarded]] [--budget 200] [--details [tune]] [--host KEY|all]
 """
 
 from __future__ import annotations
@@ -109,13 +109,14 @@ def median(xs) -> float:
 
 
 def search_vs_default(s: Shape, hardware: HardwareModel, budget: int, cache: MeasurementCache,
-                      timing: str) -> tuple[float | None, str]:
+                      timing: str, guard: bool = True) -> tuple[float | None, str]:
     """(IREE's default time / the decision's time, measured paired (None: not measurable); the
     pick's tiles). The decision is the service's for one module (`tune_from_iree_default`): the
     search starts from IREE's default and its pick is guarded against it by prediction; when the
-    guard keeps IREE's default, the answer is IREE's own build: 1.00x by definition."""
+    guard keeps IREE's default, the answer is IREE's own build: 1.00x by definition. guard=False:
+    the search's pick as it is (what the guard is worth)."""
     text = module_text(s)
-    result = tune_from_iree_default(text, hardware, budget=budget, seed=0, workers=1)
+    result = tune_from_iree_default(text, hardware, guard=guard, budget=budget, seed=0, workers=1)
     plan = result.plan
     if not plan.get("groups"):  # the answer leaves the op to IREE: IREE compiles its own config
         kept = result.iree_default and result.iree_default.get("kept")
@@ -140,6 +141,8 @@ def main() -> None:
     ap.add_argument("--search", nargs="?", const="held-out", choices=("held-out", "tune"),
                     help="measure the search's pick on the held-out shapes (or on the tune half, to diagnose)")
     ap.add_argument("--budget", type=int, default=200, help="--search: plans the search evaluates per shape")
+    ap.add_argument("--unguarded", action="store_true",
+                    help="--search: measure the search's pick even where the guard would keep IREE's default")
     ap.add_argument("--details", nargs="?", const="all", choices=("all", "tune", "held-out"),
                     help="a row per shape (of one half: look at 'tune' only while changing the model)")
     ap.add_argument("--timing", choices=TIMINGS, default="cpu", help="see fidelity_measure.py")
@@ -215,7 +218,7 @@ def report(key: str, args: argparse.Namespace) -> None:
         for r in results:
             if r.shape.half != args.search:
                 continue
-            ratio, tiles = search_vs_default(r.shape, profile, args.budget, cache, args.timing)
+            ratio, tiles = search_vs_default(r.shape, profile, args.budget, cache, args.timing, not args.unguarded)
             if ratio:
                 ratios.append(ratio)
             print(f"| {r.shape.name} | {r.shape.shape_class} | " + (f"{ratio:.2f}x" if ratio else "not measurable")
