@@ -100,8 +100,9 @@ class _Search:
     def __init__(self, graph: OpGraph, hardware: HardwareModel, evaluator: PlanEvaluator, *, budget: int,
                  seconds: float | None, strategy: str, seed: int, shape_hints: dict[str, list[int]],
                  warm_start_plans: list[dict] | None, progress: ProgressFn | None, started: float,
-                 on_trials: TrialsFn | None = None) -> None:
+                 on_trials: TrialsFn | None = None, keep_start_margin: float | None = None) -> None:
         self.t_start = started
+        self.keep_start_margin = KEEP_START_MARGIN if keep_start_margin is None else keep_start_margin
         self.deadline = self.t_start + seconds if seconds else None
         self.hardware, self.budget, self.seconds = hardware, budget, seconds
         self.strategy, self.seed, self.shape_hints, self.progress = strategy, seed, shape_hints, progress
@@ -171,15 +172,15 @@ class _Search:
     def _kept_start(self, best: Evaluation | None) -> Evaluation | None:
         """The starting plan (the space's start, IREE's own config for a contraction, or a warm
         start: the fastest of them) unless the best is predicted faster by more than
-        KEEP_START_MARGIN: within the model's error a move away from a known-good config is a
-        coin toss that can lose. A warm start outside the space is scored but not searched
+        KEEP_START_MARGIN (or the caller's keep_start_margin): within the model's error a move away
+        from a known-good config is a coin toss that can lose. A warm start outside the space is scored but not searched
         from; it still counts here."""
         starts = [t for t in self.trials if t.source in ("default", "warm_start") and t.stage == "cost"
                   and t.feasible and t.latency_s is not None]
         start = min(starts, key=lambda t: t.latency_s) if starts else None
         if best is None or start is None or best.latency_s is None or not best.feasible:
             return best
-        return start if best.latency_s * (1 + KEEP_START_MARGIN) > start.latency_s else best
+        return start if best.latency_s * (1 + self.keep_start_margin) > start.latency_s else best
 
     def score_baselines(self) -> tuple[Evaluation, Evaluation]:
         """The super-tiling baseline and the untiled module: always scored, whatever the budget."""
@@ -380,20 +381,23 @@ def run_search(graph: OpGraph, hardware: HardwareModel, evaluator: PlanEvaluator
                seconds: float | None = None, strategy: str = "tpe", seed: int = 0,
                shape_hints: dict[str, list[int]] | None = None, warm_start_plans: list[dict] | None = None,
                progress: ProgressFn | None = None, started: float | None = None,
-               on_trials: TrialsFn | None = None) -> TuneResult:
+               on_trials: TrialsFn | None = None, keep_start_margin: float | None = None) -> TuneResult:
     """Search the tile-and-fuse plans of `graph` on `hardware`, scoring with `evaluator` (which
     the caller owns and closes). `started`: when the search began (perf_counter), for the time
-    limit and elapsed_s; now by default."""
+    limit and elapsed_s; now by default. keep_start_margin: how much faster than its start a
+    plan must be predicted to be answered (KEEP_START_MARGIN by default; 0 when the caller
+    judges the answer against the start itself)."""
     check_strategy(strategy)  # before any evaluation: a typo costs nothing
     started = time.perf_counter() if started is None else started
     return _Search(graph, hardware, evaluator, budget=budget, seconds=seconds, strategy=strategy, seed=seed,
                    shape_hints=shape_hints or {}, warm_start_plans=warm_start_plans, progress=progress,
-                   started=started, on_trials=on_trials).run()
+                   started=started, on_trials=on_trials, keep_start_margin=keep_start_margin).run()
 
 
 def _search_module(source: str, hardware: HardwareModel, *, budget: int, seconds: float | None, strategy: str,
                    seed: int, shape_hints: dict[str, list[int]], warm_start_plans: list[dict] | None, workers: int,
-                   progress: ProgressFn | None, keep_pool: bool, on_trials: TrialsFn | None = None) -> TuneResult:
+                   progress: ProgressFn | None, keep_pool: bool, on_trials: TrialsFn | None = None,
+                   keep_start_margin: float | None = None) -> TuneResult:
     """One search of `source`, evaluated by this search's Evaluator (worker pool)."""
     check_strategy(strategy)  # before the pool starts: a typo costs nothing
     started = time.perf_counter()
@@ -402,7 +406,7 @@ def _search_module(source: str, hardware: HardwareModel, *, budget: int, seconds
     try:
         return run_search(graph, hardware, evaluator, budget=budget, seconds=seconds, strategy=strategy, seed=seed,
                           shape_hints=shape_hints, warm_start_plans=warm_start_plans, progress=progress,
-                          started=started, on_trials=on_trials)
+                          started=started, on_trials=on_trials, keep_start_margin=keep_start_margin)
     finally:
         evaluator.close()
 
@@ -422,6 +426,7 @@ def tune(
     progress: ProgressFn | None = None,
     keep_pool: bool = False,
     on_trials: TrialsFn | None = None,
+    keep_start_margin: float | None = None,
 ) -> TuneResult:
     """Search tile-and-fuse plans for `source_text` on `hardware`.
 
@@ -430,6 +435,7 @@ def tune(
     plan, not the search); 0 evaluates in this process, for callers that are isolated already.
     keep_pool: evaluate in this process's kept pool (started once) instead of a new one.
     on_trials: called with each batch of evaluations as they are recorded; raising stops the search.
+    keep_start_margin: see run_search.
     With buckets, each bucket is searched with its share of the budget and the result carries
     per-bucket plans and a dispatch table (the top-level plan is the largest bucket's).
     """
@@ -439,7 +445,7 @@ def tune(
     analysis = analyze(source_text) if hints or bucket_map else None
     arguments = check_shapes(analysis.module, analysis.graph, hints, bucket_map) if analysis else []
     common = dict(strategy=strategy, seed=seed, warm_start_plans=warm_start_plans, workers=workers, progress=progress,
-                  keep_pool=keep_pool, on_trials=on_trials)
+                  keep_pool=keep_pool, on_trials=on_trials, keep_start_margin=keep_start_margin)
     if analysis is None or not bucket_map:
         return _search_module(source_text, hardware, budget=budget, seconds=seconds, shape_hints=hints, **common)
     (name, values), = bucket_map.items()

@@ -31,6 +31,7 @@ from service.measure.lowering import levels_from_lowering_config, lowering_confi
 from service.measure.timing import iree_default_configs
 from service.measure.tools import ToolFailure
 
+from .candidate import Evaluation
 from .engine import tune
 from .evaluator import price_plans
 from .results import TuneResult
@@ -130,18 +131,41 @@ def iree_default_of(source: str | bytes) -> IreeDefault | None:
     return IreeDefault(anchor=root.uid, config=text, plan=plan)
 
 
+def _tiled_pick(result: TuneResult) -> Evaluation | None:
+    """What the guard judges: the search's answer when it tiles, else its fastest feasible tiled
+    trial. An untiled contraction is compiled with IREE's own config, whatever the model prices
+    an untiled loop nest at, so the untiled plan is no rival to IREE's default."""
+    if result.feasible and result.plan.get("groups"):
+        return Evaluation(plan=result.plan, plan_hash=result.plan_hash, feasible=True,
+                          latency_s=result.predicted.get("latency_s"), cost=result.predicted)
+    tiled = [t for t in result.trials if t.stage == "cost" and t.feasible and t.latency_s is not None
+             and t.plan and t.plan.get("groups")]
+    return min(tiled, key=lambda t: t.latency_s, default=None)
+
+
 def guarded(source: str | bytes, result: TuneResult, hardware: HardwareModel, default: IreeDefault) -> TuneResult:
-    """`result`, or IREE's own config (the untiled plan: no spec, IREE configures the op) when its
-    pick is not predicted faster than IREE's default by PREDICTED_MARGIN. `iree_default` records
-    the default's predicted cost and which answered."""
+    """The search's tiled pick (`_tiled_pick`), or IREE's own config (the untiled plan: no spec,
+    IREE configures the op) when the pick is not predicted faster than IREE's default by
+    PREDICTED_MARGIN. `iree_default` records the default's predicted cost and which answered."""
     (ev,) = price_plans(source, hardware, [default.plan])
     default_s = ev.latency_s if ev.stage == "cost" else None
-    tiles = bool(result.plan.get("groups"))
-    verdict = predicted_verdict(result.predicted.get("latency_s") if tiles and result.feasible else None, default_s)
+    pick = _tiled_pick(result)
+    if pick is None:
+        verdict = "no feasible tiled plan was found: IREE's default is kept"
+    else:
+        verdict = predicted_verdict(pick.latency_s, default_s)
+    if verdict is not None:
+        verdict += (f"; the best of {result.evaluations} plans searched"
+                    + ("" if result.complete else ", cut short by the time limit"))
     record: dict[str, Any] = {"anchor": default.anchor, "config": default.config, "predicted_s": default_s,
                               "kept": verdict is not None, "reason": verdict}
-    if verdict is None:
+    if verdict is None and pick is not None and pick.plan_hash == result.plan_hash:
         return result.model_copy(update={"iree_default": record})
+    if verdict is None and pick is not None:  # the search answered untiled: its best tiled trial instead
+        (chosen,) = price_plans(source, hardware, [pick.plan])
+        return result.model_copy(update={"plan": pick.plan, "plan_hash": pick.plan_hash,
+                                         "predicted": chosen.cost or pick.cost, "feasible": True,
+                                         "iree_default": record})
     return result.model_copy(update={"plan": {"groups": []}, "plan_hash": Plan().plan_hash(),
                                      "predicted": ev.cost or {"latency_s": default_s}, "feasible": ev.feasible,
                                      "iree_default": record})
@@ -155,7 +179,10 @@ def tune_from_iree_default(source: str, hardware: HardwareModel, *, guard: bool 
     is read for the machine the service runs on, and means nothing for another target."""
     default = None if search.get("buckets") or hardware.name != HOST_CPU else iree_default_of(source)
     starts = [*(warm_start_plans or []), *([default.plan] if default else [])]
-    result = tune(source, hardware, warm_start_plans=starts or None, **search)
+    # The guard is the one judge of a pick against IREE's default: the engine answers its best,
+    # not its start kept by the engine's own margin (which would make the margin 10%, not 5%).
+    keep_start = 0.0 if default is not None and guard else None
+    result = tune(source, hardware, warm_start_plans=starts or None, keep_start_margin=keep_start, **search)
     if default is None:
         return result
     if not guard:

@@ -19,6 +19,7 @@ from service.ir.plan import Plan
 from service.measure.forcing import NotMeasurable
 from service.measure.timing import BenchSettings, Measurement, measure_plans_and_default
 
+from .guard import MEASURED_MARGIN
 from .results import TuneResult
 
 
@@ -109,11 +110,12 @@ def with_measured_choice(result: TuneResult, refinement: Refinement) -> TuneResu
 
 
 def _iree_default_fastest(refinement: Refinement) -> bool:
-    """IREE's default measured no slower (CPU time per call) than the fastest measured plan."""
+    """The fastest measured plan is not MEASURED_MARGIN faster (CPU time per call) than IREE's
+    default: a tie within timing noise is IREE's own build (a plan can copy IREE's config)."""
     if refinement.chosen is None or refinement.default is None or not refinement.default.ok:
         return False
     default, chosen = refinement.default.cpu_median_s, refinement.candidates[refinement.chosen].measured.cpu_median_s
-    return default is not None and chosen is not None and default <= chosen
+    return default is not None and chosen is not None and chosen * (1 + MEASURED_MARGIN) > default
 
 
 def measured_answer(result: TuneResult, refinement: Refinement, k: int) -> TuneResult:
