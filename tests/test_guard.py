@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from fastapi.testclient import TestClient
+from markupsafe import escape
 from typer.testing import CliRunner
 
 from _shared import MATMUL_100, SHARED, TWO_STACKED_MATMULS, matmul_module, workload
@@ -156,6 +157,7 @@ def test_a_pick_not_predicted_faster_than_irees_default_leaves_the_module_to_ire
     record = result.iree_default
     assert result.plan == {"groups": []} and record["kept"] is True
     assert record["reason"].startswith("IREE's default predicted as fast: ")
+    assert record["reason"].endswith("; the best of 8 plans searched")
     assert result.predicted["latency_s"] == pytest.approx(record["predicted_s"])
     # IREE's default was one of the search's starts, priced by the same evaluator.
     default = guard.iree_default_of(MATMUL_100)
@@ -169,6 +171,21 @@ def test_a_pick_predicted_faster_than_irees_default_is_answered_with_both_number
     assert result.plan["groups"] and record["kept"] is False and record["reason"] is None
     assert result.predicted["latency_s"] * (1 + guard.PREDICTED_MARGIN) <= record["predicted_s"]
     assert record["config"].startswith("#iree_cpu.lowering_config<distribution = ")
+    # The model prices the untiled loop nest faster still; but untiled, IREE compiles its own
+    # config, so the untiled plan is no rival to IREE's default: the best tiled plan answers.
+    (untiled,) = [t for t in result.trials if t.source == "untiled"]
+    assert untiled.latency_s < result.predicted["latency_s"]
+
+
+def test_the_engine_keeps_its_start_by_its_margin_unless_the_caller_judges(host):
+    """The guard judges against IREE's default itself (5%); the engine's own keep-the-start
+    margin (10%) in front of it made the guard compare IREE's default with itself."""
+    kept = tune(MATMUL_100, host, budget=8, seed=0, workers=0)
+    judged = tune(MATMUL_100, host, budget=8, seed=0, workers=0, keep_start_margin=0.0)
+    starts = [t.latency_s for t in kept.trials if t.source in ("default", "warm_start") and t.feasible]
+    best = min(t.latency_s for t in judged.trials if t.stage == "cost" and t.feasible)
+    assert kept.predicted["latency_s"] == pytest.approx(min(starts))
+    assert judged.predicted["latency_s"] == pytest.approx(best) and best < min(starts)
 
 
 def test_measured_answers_and_other_targets_are_not_judged_by_prediction(host):
@@ -189,6 +206,19 @@ def test_the_api_answers_irees_own_config_with_the_reason_and_keeps_it(migrated_
         hit = client.post("/v1/tilings", json=body).json()
         assert hit["cache"] == "hit" and hit["no_tuning_spec"] == miss["no_tuning_spec"]
         assert client.get(f"/v1/tilings/{miss['id']}").json()["no_tuning_spec"] == miss["no_tuning_spec"]
+        page = client.get(f"/decisions/{miss['id']}").text  # the dashboard says the same, with IREE's config
+        assert "The plan tiles nothing: IREE's own config\nanswers, IREE&#39;s default predicted as fast: " in page
+        assert str(escape(miss["search_stats"]["iree_default"]["config"])) in page
+
+
+def test_a_job_item_left_to_iree_says_why_on_the_jobs_page():
+    from service.api.dashboard.job_views import ItemRow
+
+    row = dict(id=1, position=0, name="mm", state="done", weight=1, trials=8, attempts=1, decision_id=3,
+               predicted_s=1e-3, weighted_s=1e-3, measured=None, cache="miss", error=None)
+    assert ItemRow(**row).why == "tuned (cache miss)"
+    kept = ItemRow(**row, no_spec="IREE's default predicted as fast: 1.0000 ms vs 1.0000 ms tuned")
+    assert kept.why == "not in the spec: IREE's default predicted as fast: 1.0000 ms vs 1.0000 ms tuned (cache miss)"
 
 
 def test_tune_writes_no_spec_when_irees_default_is_kept_and_says_why(tmp_path):

@@ -48,6 +48,22 @@ def test_embedded_server_completes_a_job_end_to_end(tmp_path: Path) -> None:
         assert httpx.get(f"{base}/v1/jobs/999", headers=AUTH).status_code == 404
         bad = httpx.post(f"{base}/v1/jobs", headers=AUTH, json={"hardware": "host-cpu"})
         assert bad.status_code == 422 and "exactly one" in bad.text
+
+        # Small matmuls whose decisions keep IREE's own config: the finished job needs no spec,
+        # and says why per item; `job spec` is a note and exit 0, and an older file is removed.
+        small = [{"name": f"small{i}", "module": matmul(m, n, k)} for i, (m, n, k) in enumerate([(24, 32, 24), (32, 32, 32)])]
+        kept_id = httpx.post(f"{base}/v1/jobs", json={"items": small, "hardware": "host-cpu", "budget": 10},
+                             headers=AUTH).json()["id"]
+        assert wait_for(lambda: _finished(base, kept_id), 120, "the second job to finish")["state"] == "succeeded"
+        none = httpx.get(f"{base}/v1/jobs/{kept_id}/spec", headers=AUTH)
+        assert none.status_code == 404 and none.json()["detail"]["error"] == "NoSpec"
+        assert none.json()["detail"]["message"].count("IREE's default predicted as fast") == 2
+        stale = tmp_path / "job_spec.mlir"
+        stale.write_text("// an older spec")
+        cli = subprocess.run([*TILESEARCH, "job", "spec", str(kept_id), "-o", str(stale), "--server", base,
+                              "--token", TOKEN], capture_output=True, text=True, timeout=60)
+        assert cli.returncode == 0, cli.stderr
+        assert not stale.exists() and "note: no tuning spec written to" in cli.stderr
     finally:
         procs.stop_all()
 

@@ -21,7 +21,7 @@ from typer.testing import CliRunner
 
 from service.cli import app
 from service.client import TilesearchClient, TilesearchError
-from _shared import MATMUL_100, WORKLOADS, workload
+from _shared import MATMUL_100, WORKLOADS, matmul_module, workload
 
 TILESEARCH = str(Path(sys.executable).with_name("tilesearch"))
 MATMUL = workload("matmul_1024")
@@ -118,6 +118,19 @@ def test_tune_via_server_writes_the_decisions_spec(server: str, tmp_path: Path) 
     decision = json.loads(CliRunner().invoke(app, [*args[:-2], "--json"]).output)
     assert decision["tuning_spec"] and spec.read_text() == decision["tuning_spec"]
     assert f"wrote {spec}" in result.output
+
+
+def test_tune_via_server_says_why_it_writes_no_spec(server: str, tmp_path: Path) -> None:
+    """A decision that keeps IREE's own config: `--server --spec-out` removed the old file and
+    said only that IREE keeps its configs, not why (a new user's trial)."""
+    spec, module = tmp_path / "spec.mlir", tmp_path / "small.mlir"
+    module.write_text(matmul_module("kn", 32, 32, 32))  # the search finds nothing 5% faster than IREE's
+    spec.write_text("// an older answer")
+    result = CliRunner().invoke(app, ["tune", str(module), "--server", server, "--budget", "10", "--spec-out", str(spec)])
+    assert result.exit_code == 0, result.output
+    assert not spec.exists()
+    assert "no tuning spec: IREE's default predicted as fast: " in result.output
+    assert "no tuning spec written to" in result.output and "(IREE's default predicted as fast: " in result.output
 
 
 def test_tune_via_server_reports_bad_mlir_and_unreachable_servers(server: str, tmp_path: Path) -> None:

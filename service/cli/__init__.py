@@ -493,7 +493,7 @@ def _tune_via_server(server: str, token: str | None, file: Path, hardware: str, 
         spec_out.write_text(decision.tuning_spec)
         spec_written = spec_out
     elif spec_out is not None and not (decision.plan or {}).get("groups"):
-        _no_spec_needed(spec_out, as_json)
+        _no_spec_needed(spec_out, as_json, decision.no_tuning_spec)
     elif spec_out is not None:
         no_spec = decision.no_tuning_spec or "the server's decision configures no contraction IREE takes a config for"
         spec_out.unlink(missing_ok=True)
@@ -517,6 +517,8 @@ def _print_server_decision(server: str, decision, out: Path | None, spec_written
         typer.echo(f"predicted: {latency * 1e3:.3f} ms" + (f"  (super-tiling baseline {base * 1e3:.3f} ms)" if base else ""))
     if decision.complete is False:
         typer.echo("note: the search time limit cut the budget (best plan so far)")
+    if decision.no_tuning_spec:
+        typer.echo(f"no tuning spec: {decision.no_tuning_spec}")
     if out:
         typer.echo(f"wrote {out}")
     if spec_written:

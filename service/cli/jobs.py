@@ -114,8 +114,19 @@ def job_spec_cmd(job_id: int, out: Path | None = typer.Option(None, "-o", "--out
                                                                                       "(default: print it)"),
                  server: str = _SERVER, token: str | None = _TOKEN) -> None:
     """The job's merged IREE tuning spec (its done items' configs)."""
+    from service.client import TilesearchError
+
     with server_errors(server), _job_client(server, token) as client:
-        spec = client.job_spec(job_id)
+        try:
+            spec = client.job_spec(job_id)
+        except TilesearchError as exc:
+            if not (isinstance(exc.detail, dict) and exc.detail.get("error") == "NoSpec"):
+                raise
+            # Every item is left to IREE: no spec is the answer, and an older file there is stale.
+            if out is not None:
+                out.unlink(missing_ok=True)
+            typer.echo(f"note: no tuning spec{f' written to {out}' if out else ''}: {exc.message}", err=True)
+            return
     if out is None:
         typer.echo(spec, nl=False)
         return

@@ -25,7 +25,12 @@ class JobNotFound(LookupError):
 
 
 class NoSpecYet(Exception):
-    """No finished item configures a contraction (yet): nothing to merge."""
+    """No finished item configures a contraction yet, and items are still to run or failed."""
+
+
+class NoSpec(Exception):
+    """The job has finished and none of its items configures a contraction (each left to IREE's
+    own config, with the reason): no spec is the job's answer, not a failure."""
 
 
 class NothingToRetry(Exception):
@@ -102,7 +107,8 @@ class JobService:
             for item in sorted(done, key=lambda i: -i.weight):
                 decision = decisions.get_decision(session, item.decision_id) if item.decision_id else None
                 if decision is not None and decision.plan:
-                    plans.append((item.name, item.module, decision.plan))
+                    stored_reason = (decision.search_stats or {}).get("no_tuning_spec")
+                    plans.append((item.name, item.module, decision.plan, stored_reason))
             state = jobs.summarise(session, job).state
         host_cpu = _hardware_name(job) == HOST_CPU
         spec, left_out = (rt.sandbox.run(merged_spec, plans, host_cpu, timeout=rt.settings.request_timeout_s)
@@ -110,6 +116,9 @@ class JobService:
         if spec is None:
             why = (f": {'; '.join(left_out)}" if left_out else
                    " (none is done yet)" if state in ("queued", "running") else f" (the job is {state})")
+            if state == "succeeded" and left_out:
+                raise NoSpec(f"job {job_id} needs no tuning spec: each of its {len(done)} items is left to "
+                             f"IREE's own config{why}")
             raise NoSpecYet(f"job {job_id}: none of its {len(done)} done items configures a contraction{why}")
         return spec
 
@@ -124,4 +133,4 @@ def _hardware_name(job: Job) -> str:
     return job.hardware if isinstance(job.hardware, str) else HardwareModel.model_validate(job.hardware).name
 
 
-__all__ = ["Dispatcher", "ItemState", "JobNotFound", "JobService", "NoSpecYet", "NothingToRetry"]
+__all__ = ["Dispatcher", "ItemState", "JobNotFound", "JobService", "NoSpec", "NoSpecYet", "NothingToRetry"]

@@ -29,15 +29,17 @@ def model_items(model_text: str) -> ModelItems:
     )
 
 
-def merged_spec(items: list[tuple[str, str, dict]], host_cpu: bool) -> tuple[str | None, list[str]]:
-    """One tuning spec for the items' plans, `(name, module text, plan)` heaviest first: a matcher
-    per distinct contraction anchor (the first, heaviest, item's config wins a shared one), and
-    why each item that adds none is left out. The spec is None when no plan configures a
-    contraction; otherwise its text opens with those reasons as comments."""
+def merged_spec(items: list[tuple[str, str, dict, str | None]], host_cpu: bool) -> tuple[str | None, list[str]]:
+    """One tuning spec for the items' plans, `(name, module text, plan, why the decision has no
+    spec as stored with it, or None)` heaviest first: a matcher per distinct contraction anchor
+    (the first, heaviest, item's config wins a shared one), and why each item that adds none is
+    left out (the decision's own reason, e.g. IREE's default kept, else read off its plan). The
+    spec is None when no plan configures a contraction; otherwise its text opens with those
+    reasons as comments."""
     translation = host_translation_info() if host_cpu else None
     matchers: dict[tuple, ContractionMatcher] = {}
     left_out: list[str] = []
-    for name, module, plan in items:
+    for name, module, plan, stored_reason in items:
         try:
             graph = analyze(module).graph
         except IRError:
@@ -50,7 +52,7 @@ def merged_spec(items: list[tuple[str, str, dict]], host_cpu: bool) -> tuple[str
                 matchers.setdefault(m.matched, m)
                 found += 1
         if not found:
-            left_out.append(f"item {name!r}: {why_no_spec(graph, Plan.model_validate(plan))}")
+            left_out.append(f"item {name!r}: {stored_reason or why_no_spec(graph, Plan.model_validate(plan))}")
     if not matchers:
         return None, left_out
     notes = "".join(f"// not in this spec: {line}\n" for line in left_out)

@@ -79,12 +79,16 @@ class ItemRow:
     measured: Measured | None
     cache: str | None
     error: str | None
+    no_spec: str | None = None  # why the item's decision adds nothing to the job's spec (IREE's default kept, ...)
 
     @property
     def why(self) -> str:
         """Tuned, or why not (yet): what the per-dispatch view says of this item."""
+        cache = f" (cache {self.cache})" if self.cache else ""
+        if self.state == "done" and self.no_spec:
+            return f"not in the spec: {self.no_spec}{cache}"
         if self.state == "done":
-            return "tuned" + (f" (cache {self.cache})" if self.cache else "")
+            return "tuned" + cache
         if self.state == "failed":
             return "failed: " + (self.error or "no error recorded")
         if self.state == "cancelled":
@@ -107,6 +111,7 @@ def item_rows(items: list[JobItem], decisions: dict[int, Decision]) -> list[Item
             trials=item.trials, attempts=item.attempts, decision_id=item.decision_id, predicted_s=predicted,
             weighted_s=predicted * item.weight if predicted is not None else None,
             measured=measured_of(decision.search_stats) if decision else None, cache=item.cache, error=item.error,
+            no_spec=(decision.search_stats or {}).get("no_tuning_spec") if decision else None,
         ))
     return rows
 

@@ -11,7 +11,7 @@ from fastapi.responses import PlainTextResponse
 from service.api.deps import DbSession, TokenAuth
 from service.api.job_schemas import ItemOut, ItemPage, JobAccepted, JobOut, JobPage, JobRequest, counts
 from service.api.schemas import ErrorBody
-from service.jobs.service import JobService, NoSpecYet, NothingToRetry
+from service.jobs.service import JobService, NoSpec, NoSpecYet, NothingToRetry
 from service.model_tuning.tune import ModelInputError
 from service.store import jobs
 from service.store.models import ItemState
@@ -93,11 +93,15 @@ def retry_job(job_id: int, request: Request, session: DbSession) -> JobOut:
 
 
 @router.get("/{job_id}/spec", response_class=PlainTextResponse,
-            responses={**_ERRORS, 409: {"model": ErrorBody, "description": "no done item configures a contraction yet"}})
+            responses={**_ERRORS, 409: {"model": ErrorBody, "description": "no done item configures a contraction yet"},
+                       404: {"model": ErrorBody, "description": "no such job, or (NoSpec) the job succeeded and "
+                                                              "every item is left to IREE's own config"}})
 def job_spec(job_id: int, request: Request) -> PlainTextResponse:
     """The IREE tuning spec merging the done items' configs (`iree-compile --iree-codegen-tuning-spec-path=`)."""
     try:
         spec = _service(request).spec(job_id)
     except NoSpecYet as exc:
         raise HTTPException(409, {"error": "NoSpecYet", "message": str(exc)}) from None
+    except NoSpec as exc:  # as a model run that tuned nothing: GET /v1/models/runs/{id}/spec
+        raise HTTPException(404, {"error": "NoSpec", "message": str(exc)}) from None
     return PlainTextResponse(spec, media_type="text/plain")
