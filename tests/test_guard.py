@@ -31,6 +31,7 @@ from service.measure.lowering import (
 from service.model_tuning import tune_model
 from service.search import guard
 from service.model_tuning import tune as tune_module
+from service.search import engine
 from service.search.engine import tune
 
 MLP = SHARED / "models" / "mlp_512_2048_b16.linalg.mlir"
@@ -152,7 +153,7 @@ def test_there_is_no_irees_default_to_guard_against_without_one_static_contracti
 
 
 def test_a_pick_not_predicted_faster_than_irees_default_leaves_the_module_to_iree(host, monkeypatch):
-    monkeypatch.setattr(guard, "PREDICTED_MARGIN", 100.0)  # nothing the search finds is that much faster
+    monkeypatch.setattr(engine, "KEEP_START_MARGIN", 100.0)  # nothing the search finds is that much faster
     result = guard.tune_from_iree_default(MATMUL_100, host, budget=8, seed=0, workers=1)
     record = result.iree_default
     assert result.plan == {"groups": []} and record["kept"] is True
@@ -169,7 +170,7 @@ def test_a_pick_predicted_faster_than_irees_default_is_answered_with_both_number
     result = guard.tune_from_iree_default(MATMUL_100, host, budget=8, seed=0, workers=1)
     record = result.iree_default
     assert result.plan["groups"] and record["kept"] is False and record["reason"] is None
-    assert result.predicted["latency_s"] * (1 + guard.PREDICTED_MARGIN) <= record["predicted_s"]
+    assert result.predicted["latency_s"] * (1 + engine.KEEP_START_MARGIN) <= record["predicted_s"]
     assert record["config"].startswith("#iree_cpu.lowering_config<distribution = ")
     # The model prices the untiled loop nest faster still; but untiled, IREE compiles its own
     # config, so the untiled plan is no rival to IREE's default: the best tiled plan answers.
