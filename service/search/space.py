@@ -39,7 +39,10 @@ ANCHOR_KINDS = ("contraction", "convolution", "reduction")
 #     register tiles of 1 (single_row_dims).
 # 11: a contraction's rows that 8 does not divide also get their largest divisor up to 8.
 # 12: where remainders are masked (hardware), a reduction tile divides the reduction.
-SPACE_VERSION = "search-space/12"
+# 13: the same plans, another answer: a single module's search on host-cpu starts from IREE's own
+#     config and answers it unless a tiled plan is predicted clearly faster (search/guard.py), so
+#     decisions stored before are searched again rather than served.
+SPACE_VERSION = "search-space/13"
 # --------------------------------------------------------------------------- shapes
 
 
