@@ -16,7 +16,8 @@ Models compared:
 TPE, --budget plans, guarded against that default) on each held-out shape and measures its pick
 against IREE's default, paired in alternating rounds (cached like the grid).
 
-    python benchmarks/model_fidelity.py [--measure] [--search [--unguarded]] [--budget 200] [--details [tune]] [--host KEY|all]
+    python benchmarks/model_fidelity.py [--measure] [--search [--unguarded] [--device local-sync]] [--budget 200]
+                                        [--details [tune]] [--host KEY|all]
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import argparse
 import math
 import statistics
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from scipy import stats
@@ -51,6 +53,7 @@ from service.measure.calibration_fit import Predictor, fit_profile, with_calibra
 from service.measure.calibration_samples import Sample  # noqa: E402
 from service.measure.forcing import NotMeasurable  # noqa: E402
 from service.measure.timing import measure_plans_and_default  # noqa: E402
+from service.measure.tools import BENCH_DEVICE  # noqa: E402
 from service.search.guard import tune_from_iree_default  # noqa: E402
 
 CLASSES = ("M<=32", "square-ish", "tall-skinny", "batched")
@@ -109,12 +112,13 @@ def median(xs) -> float:
 
 
 def search_vs_default(s: Shape, hardware: HardwareModel, budget: int, cache: MeasurementCache,
-                      timing: str, guard: bool = True) -> tuple[float | None, str]:
+                      timing: str, guard: bool = True, device: str = BENCH_DEVICE) -> tuple[float | None, str]:
     """(IREE's default time / the decision's time, measured paired (None: not measurable); the
     pick's tiles). The decision is the service's for one module (`tune_from_iree_default`): the
     search starts from IREE's default and its pick is guarded against it by prediction; when the
     guard keeps IREE's default, the answer is IREE's own build: 1.00x by definition. guard=False:
-    the search's pick as it is (what the guard is worth)."""
+    the search's pick as it is (what the guard is worth). device: local-sync times both on one
+    thread, the tiling's own work without the task executor's hand-off."""
     text = module_text(s)
     result = tune_from_iree_default(text, hardware, guard=guard, budget=budget, seed=0, workers=1)
     plan = result.plan
@@ -122,11 +126,12 @@ def search_vs_default(s: Shape, hardware: HardwareModel, budget: int, cache: Mea
         kept = result.iree_default and result.iree_default.get("kept")
         return 1.0, "IREE's default kept (guard)" if kept else "untiled"
     tiles = " / ".join(str(level["tile_sizes"]) for level in plan["groups"][0]["levels"])
-    key = measurement_key(text, {"search_pick": plan}, SETTINGS)
+    settings = replace(SETTINGS, device=device)
+    key = measurement_key(text, {"search_pick": plan}, settings)
     forced, default = cache.get(key), cache.get(key + ":default")
     if forced is None or default is None:
         try:
-            (forced,), default = measure_plans_and_default(text, [plan], settings=SETTINGS)
+            (forced,), default = measure_plans_and_default(text, [plan], settings=settings)
         except NotMeasurable:
             return None, tiles
         cache.put(key, forced)
@@ -143,6 +148,8 @@ def main() -> None:
     ap.add_argument("--budget", type=int, default=200, help="--search: plans the search evaluates per shape")
     ap.add_argument("--unguarded", action="store_true",
                     help="--search: measure the search's pick even where the guard would keep IREE's default")
+    ap.add_argument("--device", choices=("local-task", "local-sync"), default=BENCH_DEVICE,
+                    help="--search: IREE device the pick and IREE's default are timed on (local-sync: one thread)")
     ap.add_argument("--details", nargs="?", const="all", choices=("all", "tune", "held-out"),
                     help="a row per shape (of one half: look at 'tune' only while changing the model)")
     ap.add_argument("--timing", choices=TIMINGS, default="cpu", help="see fidelity_measure.py")
@@ -218,7 +225,8 @@ def report(key: str, args: argparse.Namespace) -> None:
         for r in results:
             if r.shape.half != args.search:
                 continue
-            ratio, tiles = search_vs_default(r.shape, profile, args.budget, cache, args.timing, not args.unguarded)
+            ratio, tiles = search_vs_default(r.shape, profile, args.budget, cache, args.timing, not args.unguarded,
+                                             args.device)
             if ratio:
                 ratios.append(ratio)
             print(f"| {r.shape.name} | {r.shape.shape_class} | " + (f"{ratio:.2f}x" if ratio else "not measurable")

@@ -33,3 +33,26 @@ def test_cache_round_trips_through_its_file_and_skips_a_torn_line(tmp_path):
     again = MeasurementCache(path)
     assert again.get("k1") == m and again.get("k2") is None
     assert MeasurementCache(None).get("k1") is None  # memory only: nothing read or written
+
+
+def test_the_benchmark_device_is_keyed_only_when_it_is_not_the_default():
+    """Measurements committed before the device setting (all on local-task) keep their keys."""
+    from dataclasses import asdict
+
+    from service.measure.cache import _settings_key, measurement_key
+    from service.measure.timing import BenchSettings
+
+    default = BenchSettings()
+    assert _settings_key(default) == {k: v for k, v in asdict(default).items() if k != "device"}
+    plan = {"groups": []}
+    assert measurement_key("m", plan, default) != measurement_key("m", plan, BenchSettings(device="local-sync"))
+
+
+def test_a_module_is_timed_on_the_device_the_settings_name():
+    from _shared import TINY_MATMUL
+    from service.measure.timing import BenchSettings, measure_default
+
+    quick = dict(repetitions=1, min_time_s=0.01)
+    assert measure_default(TINY_MATMUL, settings=BenchSettings(**quick, device="local-sync")).ok
+    failed = measure_default(TINY_MATMUL, settings=BenchSettings(**quick, device="no-such-device"))
+    assert not failed.ok and "no-such-device" in (failed.error or "")

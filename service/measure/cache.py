@@ -18,7 +18,7 @@ from typing import Any
 from service.hardware.profiles import read_cpuinfo, vector_width_from_flags
 
 from .timing import BenchSettings, Measurement
-from .tools import benchmark_threads, host_translation_info, iree_version
+from .tools import BENCH_DEVICE, benchmark_threads, host_translation_info, iree_version
 
 
 def host_key(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
@@ -35,6 +35,15 @@ def default_cache_path() -> Path:
     return Path("./var/measure") / f"{host_key()}.jsonl"
 
 
+def _settings_key(settings: BenchSettings) -> dict:
+    """The settings as keyed: the device only when it is not the default, so measurements
+    cached before the setting existed (all on the default device) keep their keys."""
+    fields = asdict(settings)
+    if fields.get("device") == BENCH_DEVICE:
+        del fields["device"]
+    return fields
+
+
 def measurement_key(module_text: str, plan: Any | None, settings: BenchSettings) -> str:
     if plan is not None and not isinstance(plan, dict):
         plan = plan.model_dump()
@@ -43,7 +52,7 @@ def measurement_key(module_text: str, plan: Any | None, settings: BenchSettings)
             "module": module_text,
             "plan": plan,
             "iree": iree_version(),
-            "settings": asdict(settings),
+            "settings": _settings_key(settings),
             # A forced plan is compiled with the pipeline options IREE uses on this host.
             "translation_info": None if plan is None else host_translation_info(),
             "schema": 3,  # 2: measurements carry CPU time; 3: and forced plans the host's options

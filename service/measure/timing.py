@@ -24,6 +24,7 @@ from pydantic import BaseModel, Field
 from .forcing import ForcedModule, NotMeasurable, default_module, force_plan, write_inputs
 from .lowering import LoweringConfig, lowering_config_of, lowering_config_text
 from .tools import (
+    BENCH_DEVICE,
     ToolFailure,
     benchmark_module,
     benchmark_threads,
@@ -77,6 +78,9 @@ class BenchSettings:
     min_time_s: float = 0.1
     compile_timeout_s: float = 180.0
     bench_timeout_s: float = 180.0
+    # local-task (what a model runs on) or local-sync: the caller's one thread, the tiling's own
+    # work without the task executor's hand-off between workers (benchmarks only).
+    device: str = BENCH_DEVICE
 
 
 @dataclass
@@ -140,6 +144,7 @@ def _time_rounds(
                     repetitions=reps_per_round,
                     min_time_s=settings.min_time_s,
                     timeout_s=settings.bench_timeout_s,
+                    device=settings.device,
                 )
                 samples[i] += got.real_s
                 cpu_samples[i] += got.cpu_s

@@ -205,11 +205,12 @@ def benchmark_module(
     repetitions: int,
     min_time_s: float,
     timeout_s: float,
+    device: str = BENCH_DEVICE,
 ) -> BenchSamples:
     """Seconds per call, one sample per repetition (each the mean over that repetition's runs)."""
     stdout = run_tool("iree-benchmark-module", [
         f"--module={vmfb_path}",
-        f"--device={BENCH_DEVICE}",
+        f"--device={device}",
         f"--function={function}",
         *input_flags,
         f"--benchmark_repetitions={repetitions}",
