@@ -202,13 +202,13 @@ def iree_default_configs(module_text: str | bytes, timeout_s: float) -> list[str
     """The lowering configs IREE's CPU backend chooses for the module's dispatches on this host
     when told nothing (no spec, no forced config), as MLIR prints them: configured, not compiled
     to code, not timed. Raises ToolFailure when IREE cannot take the module."""
-    with tempfile.TemporaryDirectory(prefix="tilesearch-default-") as tmp:
-        mlir_path = Path(tmp) / ("module.mlirbc" if isinstance(module_text, bytes) else "module.mlir")
+    with _workdir(None) as workdir:
+        mlir_path = workdir / ("module.mlirbc" if isinstance(module_text, bytes) else "module.mlir")
         if isinstance(module_text, bytes):
             mlir_path.write_bytes(module_text)
         else:
             mlir_path.write_text(module_text)
-        configs_dir = Path(tmp) / "configs"
+        configs_dir = workdir / "configs"
         configure_module(mlir_path, configs_dir, timeout_s)
         return chosen_lowering_configs(configs_dir) if configs_dir.exists() else []
 

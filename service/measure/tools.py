@@ -174,15 +174,15 @@ func.func @probe(%a: tensor<64x64xf32>, %b: tensor<64x64xf32>, %c: tensor<64x64x
 @functools.cache
 def host_translation_info() -> str:
     """The translation_info IREE's own CPU config gives a matmul on this host (pipeline and
-    options, e.g. `{enable_loop_peeling}` on AVX2), from one probe compile per process; the
-    plain DoubleTilingExpert one when the probe fails or IREE picks another pipeline (a forced
-    config is a DoubleTilingExpert config)."""
+    options, e.g. `{enable_loop_peeling}` on AVX2), from one probe configured (not compiled to
+    code) per process; the plain DoubleTilingExpert one when the probe fails or IREE picks another
+    pipeline (a forced config is a DoubleTilingExpert config)."""
     plain = translation_info_text()
     with tempfile.TemporaryDirectory(prefix="tilesearch-probe-") as tmp:
         workdir = Path(tmp)
         (workdir / "probe.mlir").write_text(_PROBE_MATMUL)
         try:
-            compile_module(workdir / "probe.mlir", workdir / "probe.vmfb", workdir / "configs", 120.0)
+            configure_module(workdir / "probe.mlir", workdir / "configs", 120.0)
             chosen = chosen_translation_infos(workdir / "configs")
         except (ToolFailure, OSError, ir.MLIRError) as err:
             log.warning("IREE's pipeline options on this host are unknown (%s); forcing %s", err, plain)

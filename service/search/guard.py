@@ -151,9 +151,12 @@ def guarded(source: str | bytes, result: TuneResult, hardware: HardwareModel, de
     """The search's tiled pick (`_tiled_pick`), or IREE's own config (the untiled plan: no spec,
     IREE configures the op) when the pick is not predicted faster than IREE's default by
     engine.KEEP_START_MARGIN. `iree_default` records the default's predicted cost and which answered."""
-    (ev,) = price_plans(source, hardware, [default.plan])
-    default_s = ev.latency_s if ev.stage == "cost" else None
     pick = _tiled_pick(result)
+    # One pricing for both: IREE's default, and a pick taken from the trials (the search answered
+    # untiled) for its full breakdown, as the engine re-costs the plan it answers.
+    repriced = pick is not None and pick.plan_hash != result.plan_hash
+    ev, *picked = price_plans(source, hardware, [default.plan, *([pick.plan] if repriced else [])])
+    default_s = ev.latency_s if ev.stage == "cost" else None
     if pick is None:
         verdict = "no feasible tiled plan was found: IREE's default is kept"
     else:
@@ -166,12 +169,11 @@ def guarded(source: str | bytes, result: TuneResult, hardware: HardwareModel, de
                     + ("" if result.complete else ", cut short by the time limit"))
     record: dict[str, Any] = {"anchor": default.anchor, "config": default.config, "predicted_s": default_s,
                               "kept": verdict is not None, "reason": verdict}
-    if verdict is None and pick is not None and pick.plan_hash == result.plan_hash:
+    if verdict is None and not repriced:
         return result.model_copy(update={"iree_default": record})
-    if verdict is None and pick is not None:  # the search answered untiled: its best tiled trial instead
-        (chosen,) = price_plans(source, hardware, [pick.plan])
+    if verdict is None:  # the search answered untiled: its best tiled trial instead
         return result.model_copy(update={"plan": pick.plan, "plan_hash": pick.plan_hash,
-                                         "predicted": chosen.cost or pick.cost, "feasible": True,
+                                         "predicted": picked[0].cost or pick.cost, "feasible": True,
                                          "iree_default": record})
     return result.model_copy(update={"plan": {"groups": []}, "plan_hash": Plan().plan_hash(),
                                      "predicted": ev.cost or {"latency_s": default_s}, "feasible": ev.feasible,
