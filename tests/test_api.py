@@ -19,7 +19,7 @@ from service.api.app import create_app
 from service.config import Settings
 from service.store import migrate
 from service.tiling.service import TilingService
-from _shared import CORPUS, RESNET_SHARED_BIAS_INIT, workload
+from _shared import CORPUS, MATMUL_100, RESNET_SHARED_BIAS_INIT, workload
 
 MLP = workload("mlp_chain")
 MATMUL = workload("matmul_1024")
@@ -163,6 +163,23 @@ def test_a_decision_without_a_spec_says_why(migrated_url):
         assert client.get(f"/v1/tilings/{miss['id']}").json()["no_tuning_spec"] == miss["no_tuning_spec"]
         hit = _tile(client, workload("dynamic_matmul"), shape_hints={"arg0": [32, 1024]}).json()
         assert hit["cache"] == "hit" and hit["no_tuning_spec"] == miss["no_tuning_spec"]
+
+
+def test_a_gpu_or_npu_decision_has_no_cpu_config(migrated_url):
+    """compilation_info and tuning specs are IREE llvm-cpu configs: a GPU profile's decision once
+    carried an `#iree_cpu.lowering_config` spec that IREE's GPU backends would never take."""
+    with _client(migrated_url) as client:
+        for hardware in ("gpu-h100", "npu-sram-256k"):
+            miss = _tile(client, workload("matmul_1024"), hardware=hardware).json()
+            assert miss["plan"]["groups"], miss
+            assert miss["tuning_spec"] is None and miss["compilation_info"] == {}
+            assert f"{hardware} is not a CPU profile" in miss["no_tuning_spec"]
+            hit = _tile(client, workload("matmul_1024"), hardware=hardware).json()
+            assert hit["cache"] == "hit" and hit["tuning_spec"] is None and hit["compilation_info"] == {}
+        cpu = _tile(client, MATMUL_100).json()
+        assert "iree_cpu.lowering_config" in cpu["tuning_spec"]
+        model = client.post("/v1/jobs", json={"model": MATMUL_100, "hardware": "gpu-h100"})
+        assert model.status_code == 422 and "not a CPU profile" in model.json()["detail"]["message"]
 
 
 def test_hardware_endpoints(migrated_url):

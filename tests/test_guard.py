@@ -5,6 +5,7 @@ For a whole model per dispatch, and for one module's decision (the REST API's, a
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -231,3 +232,15 @@ def test_tune_writes_no_spec_when_irees_default_is_kept_and_says_why(tmp_path):
     assert not spec.exists()
     assert "kept IREE's default: IREE's default predicted as fast" in result.output
     assert "no tuning spec written" in result.output and "(IREE's default predicted as fast" in result.output
+
+
+def test_tune_refuses_a_spec_for_a_profile_that_is_not_a_cpu(tmp_path):
+    """A tuning spec is an IREE llvm-cpu config: `tune --hardware gpu-h100 --spec-out` wrote one."""
+    module, spec = tmp_path / "mm.mlir", tmp_path / "spec.mlir"
+    module.write_text(MATMUL_1024)
+    result = CliRunner().invoke(app, ["tune", str(module), "--hardware", "gpu-h100", "--budget", "4",
+                                      "--spec-out", str(spec)])
+    assert result.exit_code == 2 and "gpu-h100 is not a CPU profile" in result.output
+    assert not spec.exists()
+    plan_only = CliRunner().invoke(app, ["tune", str(module), "--hardware", "gpu-h100", "--budget", "4", "--json"])
+    assert plan_only.exit_code == 0 and json.loads(plan_only.output)["plan"]["groups"]

@@ -380,6 +380,10 @@ def tune_cmd(
         hw = _hardware_here(sessions, hardware)
     except UnknownHardwareError as exc:
         raise _ir_failure(exc) from None
+    if spec_out is not None and not hw.is_cpu:  # before the search, not after
+        typer.echo(f"error: --spec-out: {hardware} is not a CPU profile, and a tuning spec configures IREE's llvm-cpu "
+                   "backend; drop --spec-out (the plan and tiled IR are the answer: --out)", err=True)
+        raise typer.Exit(2)
     source = _read_module(file)
     columns = (TextColumn("searching"), BarColumn(), MofNCompleteColumn(), TextColumn("best {task.fields[best]}"), TimeElapsedColumn())
     with Progress(*columns, transient=True, disable=as_json or not sys.stderr.isatty(), console=None) as bar:
@@ -447,19 +451,15 @@ def _no_spec_needed(path: Path, as_json: bool, why: str | None = None) -> None:
 def _write_spec(source: str | bytes, plan: dict, hardware, path: Path) -> str | None:
     """Write the plan's IREE tuning spec (its contraction anchors' configs) to `path`; or say
     why it has none, and remove an older spec there (a build must not pick up a stale one)."""
-    from service.hardware.profiles import HOST_CPU
     from service.ir.analysis import analyze
     from service.ir.plan import Plan
-    from service.measure.tools import host_translation_info
-    from service.measure.tuning_spec import spec_for_plan, why_no_spec
+    from service.tiling.worker import iree_configs
 
-    translation_info = host_translation_info() if hardware.name == HOST_CPU else None
-    graph, parsed = analyze(source).graph, Plan.model_validate(plan)
-    spec = spec_for_plan(graph, parsed, translation_info)
-    if spec is None:
+    configs = iree_configs(analyze(source).graph, Plan.model_validate(plan), hardware)
+    if configs["tuning_spec"] is None:
         path.unlink(missing_ok=True)
-        return why_no_spec(graph, parsed)
-    path.write_text(spec)
+        return configs["no_tuning_spec"]
+    path.write_text(configs["tuning_spec"])
     return None
 
 

@@ -40,7 +40,7 @@ def model_tune_cmd(
         hw = get_profile(hardware)
     except UnknownHardwareError as exc:
         raise _ir_failure(exc) from None
-    if hw.compute.vector_registers is None:  # the spec is compiled and checked by IREE's llvm-cpu backend, here
+    if not hw.is_cpu:  # the spec is compiled and checked by IREE's llvm-cpu backend, here
         typer.echo(f"error: --hardware {hardware} is not a CPU profile: `model tune` compiles the model for this "
                    f"CPU with IREE and checks the spec there; use host-cpu (or a profile calibrated from it)", err=True)
         raise typer.Exit(2)

@@ -184,6 +184,13 @@ class HardwareModel(BaseModel):
         return self
 
     @property
+    def is_cpu(self) -> bool:
+        """A CPU (its register file is known: the register-tile model applies). IREE's llvm-cpu
+        backend compiles for it, and the compilation_info and tuning specs tilesearch writes are
+        that backend's: a GPU or NPU profile gets plans and tiled IR, never a CPU config."""
+        return self.compute.vector_registers is not None
+
+    @property
     def main_memory(self) -> MemoryLevel:
         return self.memory_levels[0]
 

@@ -53,6 +53,9 @@ class JobService:
         hardware = rt.tiling.hardware.resolve(request.hardware)  # an unknown name is the caller's 404
         notes = None
         if request.model is not None:
+            if not hardware.is_cpu:
+                raise ValueError(f"hardware {hardware.name} is not a CPU profile: a model job tunes the dispatches IREE "
+                                 "forms for its llvm-cpu backend and its spec is that backend's; use host-cpu")
             found = rt.sandbox.run(model_items, request.model, timeout=rt.settings.request_timeout_s * 5)
             new_items = [jobs.NewItem(d.name, d.module, None, d.weight) for d in found.tunable]
             notes = {"left_to_iree": found.left_to_iree}

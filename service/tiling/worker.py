@@ -202,14 +202,12 @@ def outcome_of(source: str, result: TuneResult, hardware: HardwareModel, measure
     origin map, IREE compilation_info and tuning spec), trials, group records and timings."""
     graph = cached_analysis(source).graph
     plan = Plan.model_validate(result.plan)
-    translation_info = _translation_info_for(hardware=hardware)
     return SearchOutcome(
         plan=plan,
         predicted=result.predicted,
         baseline=result.baseline,
         realised=apply_plan_to_text(source, plan) if plan.groups else None,
-        compilation_info=compilation_infos(graph, plan, translation_info),
-        **_tuning_spec(graph, plan, translation_info, _left_to_iree(result)),
+        **iree_configs(graph, plan, hardware, _left_to_iree(result)),
         trials=_trials(result, trial_offset),
         group_bests=_group_bests(graph, plan, result),
         stats=_stats(result),
@@ -226,21 +224,26 @@ def _left_to_iree(result: TuneResult) -> str | None:
     return None
 
 
-def _tuning_spec(graph, plan: Plan, translation_info: str | None, left_to_iree: str | None = None) -> dict[str, str | None]:
-    """The plan's tuning spec, or why it has none."""
+def iree_configs(graph: OpGraph, plan: Plan, hardware: HardwareModel, left_to_iree: str | None = None) -> dict:
+    """The plan's compilation_info per anchor and its tuning spec, or why it has none. They are
+    IREE llvm-cpu configs: a profile that is not a CPU gets neither."""
+    if not hardware.is_cpu:
+        return {"compilation_info": {}, "tuning_spec": None,
+                "no_tuning_spec": f"{hardware.name} is not a CPU profile: tilesearch writes IREE configs for its llvm-cpu "
+                                  "backend only, so the answer is the plan and its tiled IR"}
+    translation_info = _translation_info_for(hardware=hardware)
     spec = spec_for_plan(graph, plan, translation_info)
-    return {"tuning_spec": spec, "no_tuning_spec": None if spec else left_to_iree or why_no_spec(graph, plan)}
+    return {"compilation_info": compilation_infos(graph, plan, translation_info), "tuning_spec": spec,
+            "no_tuning_spec": None if spec else left_to_iree or why_no_spec(graph, plan)}
 
 
 def realise_plan(source: str, plan: Plan, hardware: HardwareModel) -> Realisation:
     """A stored plan applied to this module text (same structure, its own names and constants):
     a hit answers in the requester's IR. Milliseconds; no search."""
     graph = cached_analysis(source).graph
-    translation_info = _translation_info_for(hardware=hardware)
     return Realisation(
         realised=apply_plan_to_text(source, plan) if plan.groups else None,
-        compilation_info=compilation_infos(graph, plan, translation_info),
-        **_tuning_spec(graph, plan, translation_info),
+        **iree_configs(graph, plan, hardware),
     )
 
 
