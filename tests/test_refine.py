@@ -98,6 +98,20 @@ def test_when_iree_default_measures_fastest_the_answer_leaves_the_ops_to_iree():
     assert any("nothing measured (dynamic dims need shape hints)" in w for w in unmeasured.warnings)
 
 
+def test_iree_default_kept_by_measurement_predicts_irees_config_not_the_untiled_nest():
+    """The answer that leaves the op to IREE predicted the untiled loop nest's time (which IREE
+    never builds); it is IREE's own config as the search priced it."""
+    from service.search.guard import tune_from_iree_default
+
+    result = tune_from_iree_default(TINY_MATMUL, get_profile("host-cpu"), guard=False, budget=16, strategy="random",
+                                    seed=0, workers=0)
+    default = next(t for t in result.trials if t.plan_hash == result.iree_default["plan_hash"])
+    untiled = next(t for t in result.trials if t.source == "untiled")
+    assert default.latency_s != untiled.latency_s
+    kept = measured_answer(result, _refinement(result, (2e-3, 3e-3), 1e-3), 2)
+    assert kept.plan == {"groups": []} and kept.predicted["latency_s"] == default.latency_s
+
+
 def test_tune_measure_top_writes_no_spec_when_iree_default_measures_fastest(tmp_path, monkeypatch):
     """A new user's trial: `tune --measure-top 3 --spec-out` kept a candidate measured 0.41x of
     IREE's default and wrote its spec (the CLI skipped the check the API makes)."""
@@ -111,6 +125,7 @@ def test_tune_measure_top_writes_no_spec_when_iree_default_measures_fastest(tmp_
                                       "--measure-top", "2", "--spec-out", str(spec)])
     assert result.exit_code == 0, result.output
     assert "IREE's default measured fastest" in result.output and "<- chosen" not in result.output
+    assert "predicted (IREE's default config):" in result.output and "speedup over the super-tiling" not in result.output
     assert "plan: {\"groups\": []}" in result.output or '"groups": []' in result.output
     assert not spec.exists()
 

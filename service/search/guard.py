@@ -194,6 +194,7 @@ def tune_from_iree_default(source: str, hardware: HardwareModel, *, guard: bool 
     result = tune(source, hardware, warm_start_plans=starts or None, keep_start_margin=keep_start, **search)
     if default is None:
         return result
-    if not guard:
-        return result.model_copy(update={"iree_default": {"anchor": default.anchor, "config": default.config}})
+    if not guard:  # measurements judge; the default's trial is its prediction (refine.measured_answer)
+        return result.model_copy(update={"iree_default": {"anchor": default.anchor, "config": default.config,
+                                                          "plan_hash": Plan.model_validate(default.plan).plan_hash()}})
     return guarded(source, result, hardware, default)

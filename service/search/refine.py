@@ -118,6 +118,14 @@ def _iree_default_fastest(refinement: Refinement) -> bool:
     return default is not None and chosen is not None and chosen * (1 + MEASURED_MARGIN) > default
 
 
+def _iree_default_trial(result: TuneResult):
+    """The trial that priced IREE's own config (the search's start, service.search.guard), else the
+    untiled plan's: what the answer predicts when it leaves the op to IREE."""
+    wanted = (result.iree_default or {}).get("plan_hash")
+    return next((t for t in result.trials if wanted and t.plan_hash == wanted),
+                next(t for t in result.trials if t.source == "untiled"))
+
+
 def measured_answer(result: TuneResult, refinement: Refinement, k: int) -> TuneResult:
     """The answer of a `--measure-top k` search: the fastest measured plan, or, when IREE's
     default measured fastest, the untiled plan (IREE keeps its own config); `measured` says
@@ -125,11 +133,11 @@ def measured_answer(result: TuneResult, refinement: Refinement, k: int) -> TuneR
     chosen = with_measured_choice(result, refinement)
     kept = "candidate" if refinement.chosen is not None else "predicted"
     if _iree_default_fastest(refinement):
-        untiled = next(t for t in result.trials if t.source == "untiled")
+        default = _iree_default_trial(result)
         kept = "iree_default"
         chosen = chosen.model_copy(update={"plan": {"groups": []}, "plan_hash": Plan().plan_hash(),
-                                           "predicted": untiled.cost or {"latency_s": untiled.latency_s},
-                                           "feasible": untiled.feasible})
+                                           "predicted": default.cost or {"latency_s": default.latency_s},
+                                           "feasible": default.feasible})
     update: dict = {"measured": (chosen.measured or {}) | {"top": k, "kept": kept}}
     if refinement.not_measurable:
         update["warnings"] = [*chosen.warnings, f"measure_top: nothing measured ({refinement.not_measurable}); "

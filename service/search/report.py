@@ -19,16 +19,17 @@ def _ms(latency: float | None) -> str:
 def summary_lines(result: TuneResult) -> list[str]:
     base = result.baseline or {}
     best = result.predicted.get("latency_s")
-    kept = bool(result.iree_default and result.iree_default.get("kept"))
+    kept = bool(result.iree_default and result.iree_default.get("kept")) or (result.measured or {}).get("kept") == "iree_default"
+    predicted = "predicted (IREE's default config)" if kept else "predicted"
     lines = [
         f"best plan ({result.strategy}, seed {result.seed}): {json.dumps(result.plan)}"
         + ("  (none: IREE's default config is kept, see below)" if kept else ""),
-        f"predicted: {_ms(best)}  feasible={result.feasible}  bound by {result.predicted.get('bound_by', '?')}",
+        f"{predicted}: {_ms(best)}  feasible={result.feasible}  bound by {result.predicted.get('bound_by', '?')}",
         f"super-tiling baseline (tilesearch's simple heuristic, not IREE): {_ms(base.get('latency_s'))}  "
         f"feasible={base.get('feasible')}"
         + (f"  ({base.get('reason')})" if base.get("reason") else ""),
     ]
-    if best and base.get("latency_s"):
+    if best and base.get("latency_s") and not kept:
         lines.append(f"predicted speedup over the super-tiling baseline (not over IREE): {base['latency_s'] / best:.2f}x")
     lines.append(
         f"evaluated {result.evaluations} candidates in {result.elapsed_s:.1f} s "
