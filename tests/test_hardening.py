@@ -288,6 +288,18 @@ def test_invalid_text_and_body_get_the_error_shape(migrated_url) -> None:
         assert raw.status_code == 400 and "not valid UTF-8" in raw.json()["detail"]["message"]
         deep = client.post("/v1/tilings", json={"module": "func.func @f() {" + "[" * 3000 + "}", "hardware": "host-cpu"})
         assert deep.status_code == 422 and "too deeply nested" in deep.json()["detail"]["message"]
+        # A linalg op on buffers was searched as a 0-flop op, and its spec (matched by shape) broke
+        # IREE's build of tensor matmuls of that shape (a new user's trial).
+        buffers = client.post("/v1/tilings", json={"module": MEMREF_MATMUL, "hardware": "host-cpu", "budget": 4})
+        assert buffers.status_code == 422 and buffers.json()["detail"]["error"] == "BufferSemanticsError"
+        assert "linalg.matmul at line 2, column 3 works on memrefs" in buffers.json()["detail"]["message"]
+
+
+MEMREF_MATMUL = """func.func @mm(%a: memref<256x512xf32>, %b: memref<512x256xf32>, %c: memref<256x256xf32>) {
+  linalg.matmul ins(%a, %b : memref<256x512xf32>, memref<512x256xf32>) outs(%c : memref<256x256xf32>)
+  return
+}
+"""
 
 
 

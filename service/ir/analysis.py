@@ -9,8 +9,8 @@ from dataclasses import dataclass
 
 from .fingerprint import module_fingerprint
 from .graph import OpGraph, build_graph, tag_tileable_ops
-from .mlir import ir
-from .parse import check_op_counts, parse_module
+from .mlir import context, ir
+from .parse import check_op_counts, check_tensor_semantics, parse_module
 
 ANALYSES_KEPT = 16
 # Parsed modules hold their constants: the cache also stops at this much source text (a
@@ -31,6 +31,8 @@ class Analysis:
 def analyze(source: str | bytes, *, max_ops: int | None = None) -> Analysis:
     """Parse, verify, tag tileable ops and build the op graph. Raises the IR core's typed errors."""
     module = parse_module(source, max_ops=max_ops)
+    with context():
+        check_tensor_semantics(module)
     tagged = tag_tileable_ops(module)
     return Analysis(module=module, tagged=tagged, graph=build_graph(tagged), fingerprint=module_fingerprint(module))
 

@@ -128,3 +128,18 @@ class NestingTooDeepError(IRError):
     def __str__(self) -> str:
         return (f"the module is too deeply nested: brackets ({{ ( [ <) reach depth {self.depth} at line {self.line}, "
                 f"column {self.column}, more than the limit of {self.limit}")
+
+
+@dataclass
+class BufferSemanticsError(IRError):
+    """A linalg op works on memrefs: tilesearch tiles and fuses linalg on tensors (IREE's input
+    form), and a config matched by shape would reach tensor ops it was never searched for."""
+
+    op: str
+    line: int | None = None
+    column: int | None = None
+
+    def __str__(self) -> str:
+        where = f" at line {self.line}, column {self.column}" if self.line is not None else ""
+        return (f"{self.op}{where} works on memrefs (buffers): tilesearch tiles linalg on tensors, IREE's input "
+                "form; give the module before bufferization (tensor operands, results returned)")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .errors import Diagnostic, InvalidTextError, MLIRSyntaxError, MLIRVerifyError, ModuleTooLargeError
+from .errors import BufferSemanticsError, Diagnostic, InvalidTextError, MLIRSyntaxError, MLIRVerifyError, ModuleTooLargeError
 from .lexical import check_text
 from .mlir import context, ir
 
@@ -124,3 +124,19 @@ def parse_module(source: str | bytes, *, max_ops: int | None = None) -> ir.Modul
         except ir.MLIRError as err:
             raise MLIRVerifyError(diagnostics_of(err), summary="MLIR module does not verify") from None
     return module
+
+
+def check_tensor_semantics(module: ir.Module) -> None:
+    """Raise BufferSemanticsError, naming the first linalg op that reads or writes a memref."""
+    found: list[ir.Operation] = []
+
+    def visit(op: ir.Operation) -> ir.WalkResult:
+        if op.name.startswith("linalg.") and any(isinstance(v.type, (ir.MemRefType, ir.UnrankedMemRefType)) for v in op.operands):
+            found.append(op)
+            return ir.WalkResult.INTERRUPT
+        return ir.WalkResult.ADVANCE
+
+    module.operation.walk(visit, ir.WalkOrder.PRE_ORDER)
+    if found:
+        line, column = location_of(found[0].location)
+        raise BufferSemanticsError(found[0].name, line, column)
