@@ -219,11 +219,17 @@ def test_hints_and_buckets_are_bounded_at_validation(migrated_url) -> None:
 def test_a_static_dim_of_a_billion_is_answered_not_timed_out(migrated_url) -> None:
     """The space lists each dim's divisors; scanning every number below a 10^9 extent took a
     minute, so the request hit its time limit (422) and identical requests queued behind it."""
-    module = matmul_module("kn", 10**9, 10**9, 10**9)
+    module = matmul_module("kn", 10**9, 2, 1)  # 12 GB of tensors: within the GPU's 80 GB
     with TestClient(create_app(Settings(database_url=migrated_url, pool_workers=1))) as client:
-        r = client.post("/v1/tilings", json={"module": module, "hardware": "host-cpu", "budget": 8})
+        r = client.post("/v1/tilings", json={"module": module, "hardware": "gpu-h100", "budget": 8})
         assert r.status_code == 200, r.text
         assert r.json()["plan"]["groups"]
+        # Tensors no memory holds were answered "feasible" at ~1e6 s (2^62 dims: ~1e45 s), with a spec.
+        huge = client.post("/v1/tilings", json={"module": matmul_module("kn", 10**9, 10**9, 10**9),
+                                                "hardware": "host-cpu", "budget": 8})
+        assert huge.status_code == 422, huge.text
+        message = huge.json()["detail"]["message"]
+        assert "more than host-cpu's main memory (DRAM" in message and "1000000000x1000000000" in message
 
 
 # --------------------------------------------------------------------------- 7. caches by bytes

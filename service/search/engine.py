@@ -25,7 +25,15 @@ from .candidate import Candidate, Evaluation, is_better
 from .evaluator import Evaluator, GroupScope, PlanEvaluator
 from .knobs import KnobName
 from .results import BucketResult, TuneResult
-from .shapes import bucket_hints, bucketed_dims, check_shapes, parse_buckets, parse_shape_hints, several_functions
+from .shapes import (
+    bucket_hints,
+    bucketed_dims,
+    check_fits_main_memory,
+    check_shapes,
+    parse_buckets,
+    parse_shape_hints,
+    several_functions,
+)
 from .space import DEFAULT_DYNAMIC_EXTENT, GroupSpec, build_space, complete_plan
 from .start import score_warm_starts, start_context
 from .strategies import Strategy, SuperTilingStrategy, check_strategy, make_strategy, supertiling_plan
@@ -402,6 +410,7 @@ def _search_module(source: str, hardware: HardwareModel, *, budget: int, seconds
     check_strategy(strategy)  # before the pool starts: a typo costs nothing
     started = time.perf_counter()
     graph = analyze(source).graph
+    check_fits_main_memory(graph, hardware)
     evaluator = Evaluator(source, hardware, shape_hints, workers, keep_pool)
     try:
         return run_search(graph, hardware, evaluator, budget=budget, seconds=seconds, strategy=strategy, seed=seed,

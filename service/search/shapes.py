@@ -10,14 +10,16 @@ exits with code 2, the API answers 422.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 
-from service.ir.graph import OpGraph, walk_ops
+from service.hardware.model import HardwareModel
+from service.ir.graph import OpGraph, element_bytes, walk_ops
 from service.ir.hints import HINT_NAME, hint_for, hint_key, split_hint_key
 from service.ir.mlir import context, ir, linalg
 
-from .errors import ShapeHintError
+from .errors import SearchInputError, ShapeHintError
 from .space import DEFAULT_DYNAMIC_EXTENT
 
 # A bucket names [FUNC.]argN as a hint does, or one of its dims: [FUNC.]argN.D.
@@ -364,3 +366,23 @@ def _arg_shape(arguments: list[Argument], b: BucketDim) -> list[int]:
         if arg.func == b.func and arg.index == b.index and arg.shape is not None:
             return [s if s is not None else DEFAULT_DYNAMIC_EXTENT for s in arg.shape]
     return [DEFAULT_DYNAMIC_EXTENT] * (b.dim + 1)
+
+
+def check_fits_main_memory(graph: OpGraph, hardware: HardwareModel) -> None:
+    """SearchInputError when one op's static operands alone exceed the hardware's main memory:
+    no plan can run it, and a search would price plans at absurd times (a 2^62 dim, ~1e45 s)."""
+    capacity = hardware.main_memory.capacity_bytes
+    for op in graph.ops.values():
+        shapes = [(s, t) for s, t in zip(op.operand_shapes, op.operand_element_types) if s is not None]
+        if any(d is None for s, _ in shapes for d in s):
+            continue  # a dynamic dim: its size is not known here
+        need = sum(math.prod(s) * element_bytes(t) for s, t in shapes)
+        if need > capacity:
+            raise SearchInputError(
+                f"{op.name} (uid {op.uid}) works on {_gib(need)} of tensors, more than {hardware.name}'s main "
+                f"memory ({hardware.main_memory.name}, {_gib(capacity)}): no tiling can run it there; check its dims "
+                f"({'x'.join(str(r) for r in op.loop_ranges)})")
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.3g} GiB"
