@@ -64,6 +64,26 @@ def test_embedded_server_completes_a_job_end_to_end(tmp_path: Path) -> None:
                               "--token", TOKEN], capture_output=True, text=True, timeout=60)
         assert cli.returncode == 0, cli.stderr
         assert not stale.exists() and "note: no tuning spec written to" in cli.stderr
+
+        # A finished job keeps the state it ended in (cancel turned a succeeded job "cancelled").
+        again = httpx.post(f"{base}/v1/jobs/{kept_id}/cancel", headers=AUTH)
+        assert again.status_code == 409 and again.json()["detail"]["error"] == "JobFinished"
+        assert httpx.get(f"{base}/v1/jobs/{kept_id}", headers=AUTH).json()["state"] == "succeeded"
+        # Fields as strict as a tiling request's, and measure_top for another machine refused at submit.
+        for field, value in (("budget", "5"), ("budget", 1.0), ("budget", True), ("seed", 2.0), ("measure_top", False)):
+            lax = httpx.post(f"{base}/v1/jobs", headers=AUTH, json={"items": small, "hardware": "host-cpu", field: value})
+            assert lax.status_code == 422, (field, value, lax.text)
+        elsewhere = httpx.post(f"{base}/v1/jobs", headers=AUTH,
+                               json={"items": small, "hardware": "gpu-h100", "measure_top": 2})
+        assert elsewhere.status_code == 422 and "measure_top times plans with IREE" in elsewhere.text
+        # Cancelled before any item finished: no spec, and none to wait for (it said 409 NoSpecYet).
+        slow = [{"name": "slow", "module": slow_module()}]
+        slow_id = httpx.post(f"{base}/v1/jobs", headers=AUTH, json={"items": slow, "hardware": "host-cpu",
+                                                                      "budget": 2000, "seconds": 120}).json()["id"]
+        assert httpx.post(f"{base}/v1/jobs/{slow_id}/cancel", headers=AUTH).status_code == 200
+        assert wait_for(lambda: _finished(base, slow_id), 60, "the cancelled job to end")["state"] == "cancelled"
+        never = httpx.get(f"{base}/v1/jobs/{slow_id}/spec", headers=AUTH)
+        assert never.status_code == 404 and "cancelled before any item finished" in never.json()["detail"]["message"]
     finally:
         procs.stop_all()
 

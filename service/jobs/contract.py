@@ -28,14 +28,15 @@ class JobRequest(BaseModel):
     model: str | None = Field(default=None, description="a whole model (MLIR IREE compiles); its tunable dispatches "
                                                         "become the items")
     hardware: str | HardwareModel = Field(description="a hardware profile name or an inline model")
-    budget: int = Field(default=64, ge=1, le=5000, description="distinct plans to evaluate per item")
-    seconds: float | None = Field(default=None, gt=0, le=3600, description="search time limit per item")
+    # Strict as a tiling request's (service.tiling.request): "5", 1.0 or true is not a budget.
+    budget: int = Field(default=64, ge=1, le=5000, strict=True, description="distinct plans to evaluate per item")
+    seconds: float | None = Field(default=None, gt=0, le=3600, strict=True, description="search time limit per item")
     strategy: Strategy = "tpe"
-    seed: int = Field(default=0, ge=0, le=2**31 - 1)
-    measure_top: int = Field(default=0, ge=0, le=16, description="K best plans per item timed with IREE on the "
-                                                                 "worker; such items run only on workers of the "
-                                                                 "job's hardware")
-    reuse: bool = True
+    seed: int = Field(default=0, ge=0, le=2**31 - 1, strict=True)
+    measure_top: int = Field(default=0, ge=0, le=16, strict=True,
+                             description="K best plans per item timed with IREE on the worker; such items run only on "
+                                         "workers of the job's hardware")
+    reuse: bool = Field(default=True, strict=True)
 
     @model_validator(mode="after")
     def _one_input(self) -> "JobRequest":

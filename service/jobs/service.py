@@ -37,6 +37,10 @@ class NothingToRetry(Exception):
     """The job has no failed item: retry queues failed items only."""
 
 
+class JobFinished(Exception):
+    """The job has finished (succeeded, failed or cancelled): there is nothing left to cancel."""
+
+
 class Dispatcher(Protocol):
     def enqueue(self, items: list[tuple[int, str]]) -> None: ...
 
@@ -51,6 +55,8 @@ class JobService:
     def submit(self, request: JobRequest) -> jobs.JobSummary:
         rt = self.runtime
         hardware = rt.tiling.hardware.resolve(request.hardware)  # an unknown name is the caller's 404
+        if request.measure_top:  # as a tiling request's: refused now, not item by item on a worker
+            rt.tiling.check_measurable_here(hardware)
         notes = None
         if request.model is not None:
             if not hardware.is_cpu:
@@ -82,7 +88,11 @@ class JobService:
 
     def cancel(self, job_id: int) -> jobs.JobSummary:
         with session_scope(self.runtime.sessions) as session:
-            self._job(session, job_id)
+            job = self._job(session, job_id)
+            state = jobs.summarise(session, job).state
+            if state in ("succeeded", "failed", "cancelled"):  # a finished job keeps the state it ended in
+                raise JobFinished(f"job {job_id} has already {'been cancelled' if state == 'cancelled' else state}: "
+                                  "nothing is left to cancel")
             queue_jobs = jobs.request_cancel(session, job_id)
         self.dispatcher.abort(queue_jobs)
         return self.summary(job_id)
@@ -119,6 +129,9 @@ class JobService:
         if spec is None:
             why = (f": {'; '.join(left_out)}" if left_out else
                    " (none is done yet)" if state in ("queued", "running") else f" (the job is {state})")
+            if state == "cancelled" and not done:
+                raise NoSpec(f"job {job_id} was cancelled before any item finished: it has no tuning spec and will "
+                             "not get one; submit it again")
             if state == "succeeded" and left_out:
                 raise NoSpec(f"job {job_id} needs no tuning spec: each of its {len(done)} items is left to "
                              f"IREE's own config{why}")
@@ -136,4 +149,4 @@ def _hardware_name(job: Job) -> str:
     return job.hardware if isinstance(job.hardware, str) else HardwareModel.model_validate(job.hardware).name
 
 
-__all__ = ["Dispatcher", "ItemState", "JobNotFound", "JobService", "NoSpec", "NoSpecYet", "NothingToRetry"]
+__all__ = ["Dispatcher", "ItemState", "JobFinished", "JobNotFound", "JobService", "NoSpec", "NoSpecYet", "NothingToRetry"]

@@ -257,7 +257,7 @@ class TilingService:
         text_key = normalised_key(request.module)
         hardware = self.hardware.resolve(request.hardware)
         if request.measure_top:
-            self._check_measurable_here(hardware)
+            self.check_measurable_here(hardware)
         limit = self.settings.request_timeout_s
         analysis = self._analyse(request.module, text_key, timeout=limit)
         if request.shape_hints or request.buckets:
@@ -362,7 +362,7 @@ class TilingService:
             self._done.put(key, decision)
         return decision
 
-    def _check_measurable_here(self, hardware: HardwareModel) -> None:
+    def check_measurable_here(self, hardware: HardwareModel) -> None:
         """A measurement times IREE on this machine: it means something only for this host's
         hardware profile (host-cpu), so another hardware with measure_top is refused."""
         host = self.hardware.resolve(HOST_CPU)

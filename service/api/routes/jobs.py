@@ -11,7 +11,7 @@ from fastapi.responses import PlainTextResponse
 from service.api.deps import DbSession, TokenAuth
 from service.api.job_schemas import ItemOut, ItemPage, JobAccepted, JobOut, JobPage, JobRequest, counts
 from service.api.schemas import ErrorBody
-from service.jobs.service import JobService, NoSpec, NoSpecYet, NothingToRetry
+from service.jobs.service import JobFinished, JobService, NoSpec, NoSpecYet, NothingToRetry
 from service.model_tuning.tune import ModelInputError
 from service.store import jobs
 from service.store.models import ItemState
@@ -72,10 +72,14 @@ def list_items(
     return ItemPage(items=[ItemOut.from_row(r) for r in rows], next_cursor=next_cursor)
 
 
-@router.post("/{job_id}/cancel", response_model=JobOut, responses=_ERRORS)
+@router.post("/{job_id}/cancel", response_model=JobOut,
+             responses={**_ERRORS, 409: {"model": ErrorBody, "description": "the job has finished already"}})
 def cancel_job(job_id: int, request: Request, session: DbSession) -> JobOut:
     """Queued items are cancelled, running ones stop within seconds; finished results stay."""
-    summary = _service(request).cancel(job_id)
+    try:
+        summary = _service(request).cancel(job_id)
+    except JobFinished as exc:
+        raise HTTPException(409, {"error": "JobFinished", "message": str(exc)}) from None
     first, next_cursor = jobs.list_items(session, job_id, limit=_FIRST_ITEMS)
     return JobOut.from_summary(summary, first, next_cursor)
 
