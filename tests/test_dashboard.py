@@ -217,6 +217,11 @@ def test_decision_detail_draws_the_op_graph_of_a_searched_module(migrated_url):
         assert "Not shown" not in html and "Group 0: anchor" in html
         listed = client.get("/").text
         assert "mlp_chain" in listed and "miss" in listed
+        # A dynamic dim is "?", as MLIR writes it (the page showed Python's "None").
+        dynamic = client.post("/v1/tilings", json={"module": workload("dynamic_matmul"), "hardware": "host-cpu",
+                                                   "budget": 4, "shape_hints": {"arg0": [32, 1024]}}).json()
+        page = client.get(f"/decisions/{dynamic['id']}").text
+        assert "None" not in page and re.search(r"<td>\? × \d+ × \d+</td>", page)
 
 
 def test_hardware_pages(seeded):

@@ -53,6 +53,11 @@ class DagNode:
     anchor: bool
     fused: bool  # computed inside a tile loop nest (origin map), not on its own
 
+    @property
+    def extents(self) -> str:
+        """The loop ranges as MLIR writes a shape: a dynamic one is '?'."""
+        return " × ".join("?" if r is None else str(r) for r in self.loop_ranges)
+
 
 @dataclass
 class DagEdge:
