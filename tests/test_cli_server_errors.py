@@ -135,6 +135,13 @@ def test_an_unknown_job_or_hardware_and_a_bad_request_are_the_servers_message(se
                        cwd=tmp_path)
     assert code == 2 and "no-such-chip" in one_error_line(stderr)
 
+    big = tmp_path / "big"
+    big.mkdir()
+    (big / "mm.mlir").write_text((items / "mm.mlir").read_text() + ("// " + "w" * 1021 + "\n") * 9 * 1024)
+    code, stderr = cli("job", "submit", str(big), "--hardware", "host-cpu", *auth, cwd=tmp_path)
+    line = one_error_line(stderr)
+    assert code == 2 and "HTTP 413" in line and "TILESEARCH_MAX_BODY_BYTES" in line and "model tune" in line
+
     # And the same server takes a good job from the same command.
     code, stderr = cli("job", "submit", str(items), "--hardware", "host-cpu", "--budget", "2", *auth, cwd=tmp_path)
     assert code == 0, stderr
