@@ -110,6 +110,20 @@ def test_the_vector_tile_limit_follows_the_vector_width(tmp_path):
     assert widths == {"avx2 avx512f": (64, 32 << 10, True), "avx2": (32, 16 << 10, False), "sse2": (16, 8 << 10, False)}
 
 
+def test_narrow_floats_run_no_faster_than_f32_and_f16_far_slower_without_native_f16(tmp_path):
+    """IREE's CPU code computes bf16 and f16 in f32 lanes; the profile priced both at twice the
+    f32 peak, where an f16 matmul measured 5.8x slower than f32 on a Zen 5 (docs/benchmarks.md)."""
+    peaks = {}
+    for flags in ("avx2 avx512f", "avx2 avx512f avx512fp16"):
+        cpuinfo = tmp_path / f"cpuinfo-{flags.replace(' ', '-')}"
+        cpuinfo.write_text(f"processor\t: 0\nflags\t\t: fpu {flags}\n")
+        peaks[flags] = detect_host_cpu(tmp_path / "no-sysfs", cpuinfo, cores=2).compute.peak_flops_per_s
+    for p in peaks.values():
+        assert p["bf16"] == p["f32"]
+    assert peaks["avx2 avx512f avx512fp16"]["f16"] == peaks["avx2 avx512f"]["f32"]
+    assert peaks["avx2 avx512f"]["f16"] < peaks["avx2 avx512f"]["f32"] / 4
+
+
 def test_the_accumulators_a_register_tile_needs_follow_the_cpu(tmp_path):
     """Measured: 12 independent accumulators on an Intel Xeon and an AMD Zen 3, 8 on Zen 1
     (family 23, model 1: 128-bit FMA units; Hygon's cores are Zen 1), 4 zmm on Zen 4 (family

@@ -144,7 +144,7 @@ _IREE_MAX_NATIVE_VECTORS = 512
 
 
 # The cpuinfo flags the model reads (vector width); a host's facts keep only these.
-_MODEL_FLAGS = ("avx", "avx2", "avx512f")
+_MODEL_FLAGS = ("avx", "avx2", "avx512f", "avx512fp16")
 
 
 @dataclass(frozen=True)
@@ -191,6 +191,20 @@ def detect_host_cpu(
     return host_cpu_model(read_host_facts(cpu_dir, cpuinfo, cores), cache_dir=f"{cpu_dir}/cache")
 
 
+# Vector instructions per f32 FMA's work when IREE computes an f16 op on a CPU without native f16
+# arithmetic: each multiply and add is rounded back to f16 (convert in, multiply, convert out,
+# add, convert out, read off IREE's x86 code). docs/benchmarks.md, "Narrow floats".
+_F16_EMULATION_INSTRUCTIONS = 6.0
+
+
+def _narrow_float_peaks(peak_f32: float, flags: set[str]) -> dict[str, float]:
+    """Peak flops/s per element type. IREE's CPU code generator computes bf16 and f16 in f32
+    lanes (no microkernels by default): no more than the f32 peak, and f16 far less without
+    AVX512-FP16."""
+    f16 = peak_f32 if "avx512fp16" in flags else peak_f32 / _F16_EMULATION_INSTRUCTIONS
+    return {"f32": peak_f32, "bf16": peak_f32, "f16": f16}
+
+
 def host_cpu_model(facts: HostFacts, cache_dir: str = "sysfs") -> HardwareModel:
     """The host-cpu profile of a machine with these facts."""
     cores, vendor, flags = facts.cores, facts.vendor, set(facts.flags)
@@ -215,7 +229,7 @@ def host_cpu_model(facts: HostFacts, cache_dir: str = "sysfs") -> HardwareModel:
         description=f"this machine: {vendor or 'unknown vendor'}, {cores} cores, {vector_width * 8}-bit vectors, caches from {cache_dir}",
         memory_levels=levels,
         compute=Compute(
-            peak_flops_per_s={"f32": peak_f32, "bf16": 2 * peak_f32, "f16": 2 * peak_f32},
+            peak_flops_per_s=_narrow_float_peaks(peak_f32, flags),
             vector_width_bytes=vector_width,
             cores=cores,
             # x86: 32 zmm registers with AVX-512, 16 ymm without.
