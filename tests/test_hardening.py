@@ -81,6 +81,13 @@ def test_more_effort_refines_the_stored_decision(service, sessions) -> None:
     assert claim.outcome is decisions.ClaimOutcome.HIT
     # Another strategy is effort the stored decision has not had.
     assert service.decide(small.model_copy(update={"strategy": "random"})).cache == "refined"
+    # A refinement that finds nothing better keeps the plan and its search's figures, and lists
+    # itself beside them (the decision said "budget 2" next to every trial stored since).
+    kept = service.decide(small.model_copy(update={"strategy": "supertiling", "seed": 7}))
+    assert kept.cache == "refined" and kept.decision.search_stats["strategy"] != "supertiling"
+    note = kept.decision.search_stats["refinements"][-1]
+    assert (note["strategy"], note["budget"], note["seed"], note["replaced"]) == ("supertiling", 2, 7, False)
+    assert note["evaluations"] >= 1
 
 
 def _parts(row: Decision) -> decisions.DecisionKeyParts:

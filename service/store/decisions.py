@@ -344,18 +344,22 @@ def complete_decision(
     result: DecisionResult | None,
     *,
     effort: dict[str, Any] | None = None,
+    search_stats: dict[str, Any] | None = None,
     now: datetime | None = None,
 ) -> Decision | None:
     """Store the result and mark the decision done, with ``effort`` as its effort. Commits.
 
     ``result`` None (a refinement that found nothing better) keeps the stored plan and only
-    records the effort. Only the lease holder can complete: None means the lease was taken
-    over, and the caller should read the decision instead of its own result.
+    records the effort (and ``search_stats``, which then say so). Only the lease holder can
+    complete: None means the lease was taken over, and the caller should read the decision
+    instead of its own result.
     """
     now = now or utcnow()
     values: dict[str, Any] = {"lease_owner": None, "lease_expires_at": None, "updated_at": now}
     if effort is not None:
         values["effort"] = effort
+    if result is None and search_stats is not None:
+        values["search_stats"] = search_stats
     if result is not None:
         values |= dict(
             status=DecisionStatus.DONE,

@@ -139,6 +139,16 @@ def _replaces(outcome: SearchOutcome, stored: Decision) -> bool:
     return outcome.stats.measured is not None or _latency(outcome.predicted) < _latency(stored.predicted_cost)
 
 
+def _with_refinement(stored: Decision, outcome: SearchOutcome) -> dict:
+    """The stored decision's search_stats, with a refinement that found nothing better listed
+    (its figures were the first search's alone, beside every trial stored since)."""
+    stats = dict(stored.search_stats or {})
+    stats["refinements"] = [*stats.get("refinements", []), {
+        "strategy": outcome.stats.strategy, "budget": outcome.stats.budget, "seed": outcome.stats.seed,
+        "evaluations": outcome.stats.evaluations, "complete": outcome.stats.complete, "replaced": False}]
+    return stats
+
+
 @dataclass(frozen=True)
 class StoredSearch:
     """What a finished search is stored against: its module, the claim on its decision and the
@@ -182,7 +192,8 @@ def store_outcome(sessions: sessionmaker[Session], stored: StoredSearch, outcome
         catalog.upsert_module(session, analysis.fingerprint, stored.module,
                               {"ops": [op.model_dump() for op in analysis.ops]})
         catalog.upsert_hardware(session, hardware.content_hash(), hardware.name, hardware.model_dump(mode="json"))
-        decision = decisions.complete_decision(session, claimed.id, stored.owner, result, effort=new_effort)
+        decision = decisions.complete_decision(session, claimed.id, stored.owner, result, effort=new_effort,
+                                               search_stats=None if better else _with_refinement(claimed, outcome))
         if decision is None:  # lease lost to another owner: serve theirs
             decision = decisions.get_decision(session, claimed.id)
         searches.save_trials(session, claimed.id, [
