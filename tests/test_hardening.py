@@ -335,6 +335,9 @@ def test_a_refusal_names_what_to_fix_first_and_echoes_little(migrated_url) -> No
         inline = client.post("/v1/tilings", json={"module": "x", "hardware": bad_model})
         assert inline.status_code == 422
         assert [e["msg"] for e in inline.json()["detail"]] == ["Value error, cores must be >= 1, got 0"]
+        for not_a_model in (None, 5):  # said "a valid dictionary", never that a name is what to send
+            named = client.post("/v1/tilings", json={"module": "x", "hardware": not_a_model}).json()["detail"]
+            assert [(e["loc"][-2:], e["msg"]) for e in named] == [(["hardware", "str"], "Input should be a valid string")]
         many = client.post("/v1/jobs", json={"items": [{"name": "x", "module": "m"}] * 10_000, "hardware": "host-cpu"})
         assert many.status_code == 422 and len(many.content) < 10_000
         unknown = client.post("/v1/tilings", json={"module": "x", "hardware": "h" * 100_000})

@@ -130,13 +130,22 @@ def _echo(value):
 
 
 def _kept(errors: list[dict]) -> list[dict]:
-    """A field that takes a name or a model (hardware: str | HardwareModel) fails both branches
-    for a bad model; its "not a string" error only hides the one that says what to fix."""
-    def shadowed(e: dict) -> bool:
+    """A field that takes a name or a model (hardware: str | HardwareModel) fails both branches.
+    For an object (a model was meant) its "not a string" error only hides the one that says what
+    to fix; for anything else (null, a number) the model branch's "not a dictionary" hides that a
+    name is what most callers send."""
+    def name_error(e: dict) -> bool:
         loc = tuple(e.get("loc", ()))
-        if e.get("type") != "string_type" or not loc or loc[-1] != "str":
-            return False
-        return any(o is not e and tuple(o.get("loc", ()))[:len(loc) - 1] == loc[:-1] for o in errors)
+        return e.get("type") == "string_type" and bool(loc) and loc[-1] == "str"
+
+    def beside(e: dict, which) -> bool:
+        loc = tuple(e.get("loc", ()))
+        return any(o is not e and tuple(o.get("loc", ()))[:len(loc) - 1] == loc[:-1] and which(o) for o in errors)
+
+    def shadowed(e: dict) -> bool:
+        if name_error(e):
+            return isinstance(e.get("input"), dict) and beside(e, lambda o: True)
+        return e.get("type") == "model_attributes_type" and beside(e, name_error)
     return [e for e in errors if not shadowed(e)]
 
 
