@@ -144,6 +144,26 @@ def test_irees_default_of_a_static_contraction_is_what_iree_compile_configures()
     assert default.plan == guard.iree_default_plan(graph, root, default.config)
 
 
+def test_irees_default_configured_in_process_is_the_tools(tmp_path, monkeypatch):
+    """A sandbox worker configures with IREE's compiler API, not a tool per module: the same
+    configs (on several shapes and types), the tool only where IREE fails, with the tool's error."""
+    from service.measure import timing, tools
+
+    sources = [matmul_module("nk", 16, 512, 256), matmul_module("kn", 100, 36, 100), MATMUL_100,
+               matmul_module("kn", 64, 64, 64).replace("f32", "bf16")]
+    started = []
+    real_tool = tools.configure_module
+    monkeypatch.setattr(timing, "configure_module", lambda *a: started.append(a) or real_tool(*a))
+    monkeypatch.setattr(tools, "configure_module", lambda *a: started.append(a) or real_tool(*a))
+    for source in sources:
+        assert timing.iree_default_configs(source, 60, in_process=True) == timing.iree_default_configs(source, 60)
+    assert len(started) == len(sources)  # the tool ran for the comparisons only
+    broken = MATMUL_100.replace("linalg.matmul", "linalg.matmul {iree_codegen.lowering_config = 3 : i64}")
+    with pytest.raises(tools.ToolFailure):
+        timing.iree_default_configs(broken, 60, in_process=True)
+    assert len(started) == len(sources) + 1  # IREE refused it in process: the tool says why
+
+
 def test_there_is_no_irees_default_to_guard_against_without_one_static_contraction():
     dynamic = workload("dynamic_matmul")
     assert guard.iree_default_of(dynamic) is None  # no spec can match a dynamic dim

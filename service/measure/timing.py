@@ -30,6 +30,7 @@ from .tools import (
     benchmark_threads,
     chosen_lowering_configs,
     compile_module,
+    configure_in_process,
     configure_module,
     iree_version,
 )
@@ -198,10 +199,11 @@ def measure_default(
         return _measure(prepared, workdir, "default", settings, flags)
 
 
-def iree_default_configs(module_text: str | bytes, timeout_s: float) -> list[str]:
+def iree_default_configs(module_text: str | bytes, timeout_s: float, *, in_process: bool = False) -> list[str]:
     """The lowering configs IREE's CPU backend chooses for the module's dispatches on this host
     when told nothing (no spec, no forced config), as MLIR prints them: configured, not compiled
-    to code, not timed. Raises ToolFailure when IREE cannot take the module."""
+    to code, not timed. Raises ToolFailure when IREE cannot take the module. `in_process`: with
+    IREE's compiler API in this process (tools.configure_in_process: sandbox workers only)."""
     with _workdir(None) as workdir:
         mlir_path = workdir / ("module.mlirbc" if isinstance(module_text, bytes) else "module.mlir")
         if isinstance(module_text, bytes):
@@ -209,7 +211,7 @@ def iree_default_configs(module_text: str | bytes, timeout_s: float) -> list[str
         else:
             mlir_path.write_text(module_text)
         configs_dir = workdir / "configs"
-        configure_module(mlir_path, configs_dir, timeout_s)
+        (configure_in_process if in_process else configure_module)(mlir_path, configs_dir, timeout_s)
         return chosen_lowering_configs(configs_dir) if configs_dir.exists() else []
 
 

@@ -9,6 +9,7 @@ while one runs, and what it raises kills the tool's process group and propagates
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import importlib.metadata
 import json
@@ -136,6 +137,57 @@ def configure_module(mlir_path: Path, configs_dir: Path, timeout_s: float) -> No
                               f"--iree-hal-dump-executable-configurations-to={configs_dir}",
                               "-o", str(mlir_path.with_suffix(".configured.mlir"))],
              timeout_s)
+
+
+def configure_in_process(mlir_path: Path, configs_dir: Path, timeout_s: float) -> None:
+    """configure_module in this process, through IREE's compiler API (iree.compiler.api): no tool
+    to start, so about a third of the time and a fifth of the CPU (docs/benchmarks.md, session
+    20). For sandbox workers only: their sandbox isolates a compiler crash and bounds the time.
+    When IREE cannot take the module, or this IREE's API lacks what is used here, the tool runs
+    instead (and says why)."""
+    from iree.compiler.api import Output, Source
+
+    session = _configure_session()
+    if session is None:
+        return configure_module(mlir_path, configs_dir, timeout_s)
+    session.set_flags(f"--iree-hal-dump-executable-configurations-to={configs_dir}")
+    with session.invocation() as invocation:
+        _set_compile_to_phase(invocation, b"executable-configurations")
+        source = Source.open_file(session, str(mlir_path))
+        try:
+            done = invocation.parse_source(source) and invocation.execute()
+            if done:
+                invocation.output_ir(Output.open_membuffer())
+        finally:
+            source.close()
+    if not done:
+        configure_module(mlir_path, configs_dir, timeout_s)
+
+
+def _set_compile_to_phase(invocation, phase: bytes) -> None:
+    """ireeCompilerInvocationSetCompileToPhase, a C API call iree.compiler.api does not wrap."""
+    from iree.compiler.api import ctypes_dl
+
+    setter = ctypes_dl._dylib.ireeCompilerInvocationSetCompileToPhase
+    setter.restype, setter.argtypes = None, [ctypes.c_void_p, ctypes.c_char_p]
+    setter(invocation._inv_p, phase)
+
+
+@functools.cache
+def _configure_session():
+    """One compiler session per process with the host flags, or None when this IREE's Python API
+    lacks the handles _set_compile_to_phase uses (the tool is then used)."""
+    from iree.compiler.api import Session, ctypes_dl
+
+    session = Session()
+    if not hasattr(getattr(ctypes_dl, "_dylib", None), "ireeCompilerInvocationSetCompileToPhase"):
+        log.warning("iree.compiler.api cannot set a compile-to phase here: configuring with iree-compile")
+        return None
+    with session.invocation() as probe:
+        if not hasattr(probe, "_inv_p"):
+            return None
+    session.set_flags(*HOST_COMPILE_FLAGS)
+    return session
 
 
 def _dumped_attributes(configs_dir: Path, name: str) -> list[str]:

@@ -113,18 +113,18 @@ class IreeDefault(BaseModel):
     plan: dict = Field(description="the config as a plan of ours (iree_default_plan)")
 
 
-def iree_default_of(source: str | bytes) -> IreeDefault | None:
+def iree_default_of(source: str | bytes, *, in_process: bool = False) -> IreeDefault | None:
     """IREE's default for the module's contraction, configured by iree-compile for this host.
     None when there is nothing to compare against: not exactly one contraction, a dynamic dim
     (no spec can match it), IREE failing on the module, or no config of the root's rank (the
-    dispatch's root is then not the contraction)."""
+    dispatch's root is then not the contraction). `in_process`: see iree_default_configs."""
     graph = cached_analysis(source).graph
     roots = [op for op in graph.ops.values() if op.kind == "contraction"]
     if len(roots) != 1 or any(r is None for r in roots[0].loop_ranges):
         return None
     (root,) = roots
     try:
-        configs = iree_default_configs(source, CONFIGURE_TIMEOUT_S)
+        configs = iree_default_configs(source, CONFIGURE_TIMEOUT_S, in_process=in_process)
     except ToolFailure as failure:
         log.info("IREE's default config unknown, iree-compile failed: %s", failure)
         return None
@@ -181,12 +181,15 @@ def guarded(source: str | bytes, result: TuneResult, hardware: HardwareModel, de
 
 
 def tune_from_iree_default(source: str, hardware: HardwareModel, *, guard: bool = True,
-                           warm_start_plans: list[dict] | None = None, **search: Any) -> TuneResult:
+                           warm_start_plans: list[dict] | None = None, configure_in_process: bool = False,
+                           **search: Any) -> TuneResult:
     """The single-module decision: `engine.tune` started from IREE's default config (when the
     module has one contraction IREE configures), its pick then judged against that default
     (`guard`; off when measurements will judge it instead). Only for `host-cpu`: IREE's default
-    is read for the machine the service runs on, and means nothing for another target."""
-    default = None if search.get("buckets") or hardware.name != HOST_CPU else iree_default_of(source)
+    is read for the machine the service runs on, and means nothing for another target.
+    `configure_in_process`: IREE configures the module in this process (a sandbox worker's)."""
+    default = (None if search.get("buckets") or hardware.name != HOST_CPU
+               else iree_default_of(source, in_process=configure_in_process))
     starts = [*(warm_start_plans or []), *([default.plan] if default else [])]
     # The guard is the one judge of a pick against IREE's default: the engine answers its best,
     # not its start kept by its own margin, so that the reason names the best plan found.

@@ -188,6 +188,7 @@ def search_and_realise(source: str, task: SearchTask, observer: SearchObserver |
         keep_pool=True,
         warm_start_plans=warm or None,
         on_trials=_TrialStream(observer, task.trial_offset) if observer is not None else None,
+        configure_in_process=True,  # this is a sandbox worker: no iree-compile to start per module
     )
     measurements: list[PlanMeasurement] = []
     if task.measure_top:
