@@ -145,7 +145,7 @@ def configure_in_process(mlir_path: Path, configs_dir: Path, timeout_s: float) -
     20). For sandbox workers only: their sandbox isolates a compiler crash and bounds the time.
     When IREE cannot take the module, or this IREE's API lacks what is used here, the tool runs
     instead (and says why)."""
-    from iree.compiler.api import Output, Source
+    from iree.compiler.api import Source
 
     session = _configure_session()
     if session is None:
@@ -155,9 +155,7 @@ def configure_in_process(mlir_path: Path, configs_dir: Path, timeout_s: float) -
         _set_compile_to_phase(invocation, b"executable-configurations")
         source = Source.open_file(session, str(mlir_path))
         try:
-            done = invocation.parse_source(source) and invocation.execute()
-            if done:
-                invocation.output_ir(Output.open_membuffer())
+            done = invocation.parse_source(source) and invocation.execute()  # dumps the configurations
         finally:
             source.close()
     if not done:
