@@ -237,6 +237,10 @@ def test_a_static_dim_of_a_billion_is_answered_not_timed_out(migrated_url) -> No
         assert huge.status_code == 422, huge.text
         message = huge.json()["detail"]["message"]
         assert "more than host-cpu's main memory (DRAM" in message and "1000000000x1000000000" in message
+        # ... and tensors a shape hint makes that large (within the hints' own bound of 2^24 a dim).
+        hinted = client.post("/v1/tilings", json={"module": workload("dynamic_matmul"), "hardware": "host-cpu",
+                                                  "budget": 8, "shape_hints": {"arg0": [2**24, 1024]}})
+        assert hinted.status_code == 422 and "with the shape hints" in hinted.json()["detail"]["message"], hinted.text
 
 
 # --------------------------------------------------------------------------- 7. caches by bytes

@@ -410,7 +410,7 @@ def _search_module(source: str, hardware: HardwareModel, *, budget: int, seconds
     check_strategy(strategy)  # before the pool starts: a typo costs nothing
     started = time.perf_counter()
     graph = analyze(source).graph
-    check_fits_main_memory(graph, hardware)
+    check_fits_main_memory(graph, hardware, shape_hints)
     evaluator = Evaluator(source, hardware, shape_hints, workers, keep_pool)
     try:
         return run_search(graph, hardware, evaluator, budget=budget, seconds=seconds, strategy=strategy, seed=seed,

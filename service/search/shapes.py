@@ -368,20 +368,41 @@ def _arg_shape(arguments: list[Argument], b: BucketDim) -> list[int]:
     return [DEFAULT_DYNAMIC_EXTENT] * (b.dim + 1)
 
 
-def check_fits_main_memory(graph: OpGraph, hardware: HardwareModel) -> None:
-    """SearchInputError when one op's static operands alone exceed the hardware's main memory:
-    no plan can run it, and a search would price plans at absurd times (a 2^62 dim, ~1e45 s)."""
+def check_fits_main_memory(graph: OpGraph, hardware: HardwareModel, hints: dict[str, list[int]] | None = None) -> None:
+    """SearchInputError when one op's operands alone exceed the hardware's main memory, at their
+    static sizes or the ones the shape hints give: no plan can run it, and a search would price
+    plans at absurd times (a 2^62 dim, ~1e45 s)."""
     capacity = hardware.main_memory.capacity_bytes
     for op in graph.ops.values():
-        shapes = [(s, t) for s, t in zip(op.operand_shapes, op.operand_element_types) if s is not None]
-        if any(d is None for s, _ in shapes for d in s):
-            continue  # a dynamic dim: its size is not known here
-        need = sum(math.prod(s) * element_bytes(t) for s, t in shapes)
-        if need > capacity:
-            raise SearchInputError(
-                f"{op.name} (uid {op.uid}) works on {_gib(need)} of tensors, more than {hardware.name}'s main "
-                f"memory ({hardware.main_memory.name}, {_gib(capacity)}): no tiling can run it there; check its dims "
-                f"({'x'.join(str(r) for r in op.loop_ranges)})")
+        extents = _loop_extents(op, hints or {})
+        sizes = []
+        for shape, dims, element_type in zip(op.operand_shapes, op.operand_dims or [None] * len(op.operand_shapes),
+                                             op.operand_element_types):
+            if shape is None:
+                continue  # a scalar
+            resolved = [d if d is not None else (extents[loop] if dims and loop is not None else None)
+                        for d, loop in zip(shape, dims or [None] * len(shape))]
+            if any(d is None for d in resolved):
+                break  # a size not known here: the op is not checked
+            sizes.append(math.prod(resolved) * element_bytes(element_type))
+        else:
+            need = sum(sizes)
+            if need > capacity:
+                shown = "x".join("?" if r is None else str(r) for r in extents)
+                raise SearchInputError(
+                    f"{op.name} (uid {op.uid}) works on {_gib(need)} of tensors, more than {hardware.name}'s main "
+                    f"memory ({hardware.main_memory.name}, {_gib(capacity)}): no tiling can run it there; check its "
+                    f"dims ({shown}{', with the shape hints' if op.dynamic_dims else ''})")
+
+
+def _loop_extents(op, hints: dict[str, list[int]]) -> list[int | None]:
+    """The op's loop ranges, a dynamic one sized by the hint on the argument it comes from."""
+    out = list(op.loop_ranges)
+    for loop, dyn in op.dynamic_dims.items():
+        hint = hint_for(hints, op.func, dyn.arg_index) if dyn.arg_index is not None else None
+        if hint is not None and dyn.dim < len(hint):
+            out[loop] = hint[dyn.dim]
+    return out
 
 
 def _gib(n: int) -> str:
