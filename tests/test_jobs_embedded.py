@@ -76,6 +76,12 @@ def test_embedded_server_completes_a_job_end_to_end(tmp_path: Path) -> None:
         elsewhere = httpx.post(f"{base}/v1/jobs", headers=AUTH,
                                json={"items": small, "hardware": "gpu-h100", "measure_top": 2})
         assert elsewhere.status_code == 422 and "measure_top times plans with IREE" in elsewhere.text
+        # A GPU job's items have no spec, and neither has the job (it merged #iree_cpu configs from their plans).
+        gpu_id = httpx.post(f"{base}/v1/jobs", headers=AUTH, json={"items": small[:1], "hardware": "gpu-h100",
+                                                                     "budget": 4}).json()["id"]
+        assert wait_for(lambda: _finished(base, gpu_id), 120, "the GPU job to finish")["state"] == "succeeded"
+        gpu_spec = httpx.get(f"{base}/v1/jobs/{gpu_id}/spec", headers=AUTH)
+        assert gpu_spec.status_code == 404 and "gpu-h100, which is not a CPU profile" in gpu_spec.text
         # Cancelled before any item finished: no spec, and none to wait for (it said 409 NoSpecYet).
         slow = [{"name": "slow", "module": slow_module()}]
         slow_id = httpx.post(f"{base}/v1/jobs", headers=AUTH, json={"items": slow, "hardware": "host-cpu",

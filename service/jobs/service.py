@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from service.hardware.model import HardwareModel
-from service.hardware.profiles import HOST_CPU
+from service.hardware.profiles import HOST_CPU, UnknownHardwareError
 from service.store import decisions, jobs
 from service.store.db import session_scope
 from service.store.models import ItemState, Job
@@ -115,6 +115,10 @@ class JobService:
         rt = self.runtime
         with session_scope(rt.sessions) as session:
             job = self._job(session, job_id)
+            hardware = self._hardware(job)
+            if hardware is not None and not hardware.is_cpu:  # as each of its items' decisions says
+                raise NoSpec(f"job {job_id} is for {hardware.name}, which is not a CPU profile: a tuning spec configures "
+                             "IREE's llvm-cpu backend; the items' plans and tiled IR are the answer")
             done = jobs.done_items(session, job_id)
             plans = []
             for item in sorted(done, key=lambda i: -i.weight):
@@ -137,6 +141,14 @@ class JobService:
                              f"IREE's own config{why}")
             raise NoSpecYet(f"job {job_id}: none of its {len(done)} done items configures a contraction{why}")
         return spec
+
+    def _hardware(self, job: Job) -> HardwareModel | None:
+        """The job's hardware as its items were searched for; None when its name is no longer known."""
+        try:
+            return self.runtime.tiling.hardware.resolve(
+                job.hardware if isinstance(job.hardware, str) else HardwareModel.model_validate(job.hardware))
+        except UnknownHardwareError:
+            return None
 
     def _job(self, session, job_id: int) -> Job:
         job = jobs.get_job(session, job_id) if 0 < job_id < 2**31 else None
