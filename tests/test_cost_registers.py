@@ -322,3 +322,22 @@ def test_rows_that_a_tile_does_not_divide_are_masked_in_every_register_tile() ->
     peeling = hw.model_copy(update={"compute": hw.compute.model_copy(update={"masked_remainders": False})})
     even = _rows_latency(peeling, 1024, [16, 64], [8, 16], 1)
     assert _rows_latency(peeling, 1025, [16, 64], [8, 16], 1) < 1.05 * even
+
+
+def test_a_bf16_accumulator_is_computed_in_f32_lanes_and_rounded_every_reduction_tile() -> None:
+    """IREE's x86 code for a bf16 matmul: f32 registers (16 lanes, not 32), and the accumulators
+    rounded to bf16 and back after every reduction tile. On a Zen 5 (512^3, [64, 64] / 8x32) k 4
+    ran 2.1-2.5x slower than k 16 and k 8 as fast; the model priced k 4 1.2x faster than IREE's
+    k 16, and a shipped k 4 spec measured 0.4x (docs/benchmarks.md, "Narrow floats")."""
+    hw = avx512_host()
+    latency = {}
+    for element in ("bf16", "f32"):
+        with context():
+            tagged = tag_tileable_ops(parse_module(matmul_module("kn", 512, 512, 512).replace("f32", element)))
+        for k in (4, 8, 16, 32):
+            latency[element, k] = estimate_cost(apply_plan(tagged, matmul_plan([64, 64], [8, 32], k)).module, hw).latency_s
+    assert latency["bf16", 4] > 2 * latency["bf16", 16] and latency["bf16", 8] > latency["bf16", 16]
+    assert latency["bf16", 32] == pytest.approx(latency["bf16", 16], rel=0.05)  # past the rounding, k buys nothing here
+    assert latency["f32", 4] < 1.3 * latency["f32", 16]  # f32 rounds nothing
+    # 8x32 bf16 is 16 f32 accumulators: the same register tile as 8x32 f32, not half of it.
+    assert latency["bf16", 16] == pytest.approx(latency["f32", 16], rel=0.35)

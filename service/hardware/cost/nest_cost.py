@@ -13,7 +13,7 @@ from .latency import NestTerms, nest_latency_s
 from .memory import misses, node_footprint
 from .nest import Node
 from .ops import opname
-from .registers import check_vector_tile, microkernel_efficiency, spilled_fraction
+from .registers import check_vector_tile, compute_lanes, microkernel_efficiency, spilled_fraction
 from .results import LevelCost, NestCost, kib
 
 
@@ -103,7 +103,7 @@ def _compute_work(nodes: list[Node], band: dict[int, int], hw: HardwareModel, re
                 inner_traffic -= (runs - n.executions) * c.carried_acc_bytes * (1.0 - spilled)
             if c.uid is not None:
                 per_uid[c.uid] = per_uid.get(c.uid, 0.0) + f
-            lanes = max(1, hw.compute.vector_width_bytes // c.element_bytes)
+            lanes = compute_lanes(c, hw)
             last = c.parallel_tile[-1] if c.parallel_tile else 1
             # A carried accumulator lives through every trip of the loop that carries it.
             acc_trips = n.trips if c.carried_acc_bytes and n.kind != "root" else 1

@@ -72,7 +72,24 @@ def microkernel_efficiency(c: Compute, level: int, hw: HardwareModel, acc_trips:
                 _ragged_row_efficiency(c, m, acc, hw))
     rows = hw.compute.register_tile_rows
     tall = min(1.0, rows / m) if rows else 1.0
-    return spill * b_tile * issue * tall * _set_conflict_efficiency(c, hw) * _masked_row_efficiency(c, m, acc, k, hw)
+    return (spill * b_tile * issue * tall * _set_conflict_efficiency(c, hw) * _masked_row_efficiency(c, m, acc, k, hw)
+            * _narrow_accumulator_efficiency(c, k, hw))
+
+
+# An op that accumulates in bf16 keeps its accumulators in f32 registers but rounds them to bf16
+# and extends them back after every reduction tile, as the op's type asks (IREE's x86 code: about
+# 11 integer vector instructions per accumulator register, issued on two vector ALU pipes beside
+# the FMA pipes, so they overlap the FMAs and slow a tile only when they take longer).
+# docs/benchmarks.md, "Narrow floats". f16 without native f16 rounds every operation instead,
+# which the profile's f16 peak prices.
+_BF16_ROUNDING_CYCLES = 11 / 2
+
+
+def _narrow_accumulator_efficiency(c: Compute, k: int, hw: HardwareModel) -> float:
+    if not (hw.is_cpu and c.element_type == "bf16" and c.carried_acc_bytes):
+        return 1.0
+    fma_cycles = k / _FMAS_PER_CYCLE  # per accumulator register and reduction tile
+    return min(1.0, fma_cycles / _BF16_ROUNDING_CYCLES)
 
 
 # x86 (AVX2 / AVX-512): a lanes x lanes f32 transpose is lanes * log2(lanes) shuffles (unpck,
@@ -182,9 +199,19 @@ def _rows_per_set(rows: tuple[tuple[int, int], ...], line_bytes: int, sets: int)
     return max(Counter((o // line_bytes) % sets for o in offsets).values())
 
 
+# IREE's CPU code extends these to f32 to compute them (docs/benchmarks.md, "Narrow floats").
+_COMPUTED_AS_F32 = frozenset({"bf16", "f16"})
+
+
+def compute_lanes(c: Compute, hw: HardwareModel) -> int:
+    """Elements of the compute's type in one vector register as the code computes them: a CPU's
+    register holds bf16 and f16 as f32 lanes, so an 8x64 bf16 tile takes 32 accumulators, not 16."""
+    element_bytes = 4 if hw.is_cpu and c.element_type in _COMPUTED_AS_F32 else c.element_bytes
+    return max(1, hw.compute.vector_width_bytes // element_bytes)
+
+
 def _lanes(c: Compute, hw: HardwareModel) -> int:
-    """Elements of the compute's type in one vector register."""
-    return max(1, hw.compute.vector_width_bytes // c.element_bytes)
+    return compute_lanes(c, hw)
 
 
 def _vectors_per_row(c: Compute, hw: HardwareModel) -> int:
@@ -199,7 +226,7 @@ def spilled_fraction(c: Compute, hw: HardwareModel) -> float:
     regs = hw.compute.vector_registers
     if regs is None:
         return 1.0
-    acc_regs = math.ceil(c.carried_acc_bytes / 2 / hw.compute.vector_width_bytes)  # init + result: one tile
+    acc_regs = math.ceil(c.carried_acc_bytes / 2 / c.element_bytes / compute_lanes(c, hw))  # init + result: one tile
     spare = regs - _vectors_per_row(c, hw) - 1
     return max(0.0, 1.0 - max(0, spare) / acc_regs) if acc_regs else 0.0
 
