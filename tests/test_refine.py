@@ -90,6 +90,10 @@ def test_when_iree_default_measures_fastest_the_answer_leaves_the_ops_to_iree():
     # (a forced copy of IREE's config once shipped at 4.6% "faster", and lost on the next timing).
     tie = measured_answer(result, _refinement(result, (2e-3, 1e-3), 1.04e-3), 2)
     assert tie.plan == {"groups": []} and tie.measured["kept"] == "iree_default"
+    # ... and the summary says so, not that IREE's default measured fastest (a new user's trial).
+    from service.search.report import measured_lines
+    assert "IREE's default kept: the best candidate measured 1.04x, less than the 5%" in measured_lines(tie.measured)[-1]
+    assert measured_lines(kept.measured)[-1].startswith("IREE's default measured fastest: kept")
     assert measured_answer(result, _refinement(result, (2e-3, 1e-3), 1.06e-3), 2).measured["kept"] == "candidate"
     # Nothing measured (a dynamic dim without a hint): the answer's warnings say so, not only its
     # `measured` block (a new user's trial missed it there).
