@@ -171,8 +171,10 @@ def test_token_guards_jobs_pages_json_and_spec_link(seeded_jobs):
         assert client.post("/login", data={"token": "s3cret", "next": "/jobs"}, follow_redirects=False).status_code == 303
         assert client.get(f"/jobs/{ids['model']}").status_code == 200  # the cookie
         assert client.get(f"/jobs/{ids['model']}/progress.json").status_code == 200
-        # the page's download link works with the cookie: past the token, no done item yet
+        # the page's download link works with the cookie: past the token, the NPU job has no spec
         spec = client.get(f"/v1/jobs/{ids['items']}/spec")
+        assert spec.status_code == 404 and "npu-sram-256k, which is not a CPU profile" in spec.text
+        spec = client.get(f"/v1/jobs/{ids['model']}/spec")  # a CPU's, with no done item yet
         assert spec.status_code == 409 and "none is done yet" in spec.text
 
 
