@@ -115,10 +115,9 @@ class JobService:
         rt = self.runtime
         with session_scope(rt.sessions) as session:
             job = self._job(session, job_id)
-            hardware = self._hardware(job)
-            if hardware is not None and not hardware.is_cpu:  # as each of its items' decisions says
-                raise NoSpec(f"job {job_id} is for {hardware.name}, which is not a CPU profile: a tuning spec configures "
-                             "IREE's llvm-cpu backend; the items' plans and tiled IR are the answer")
+            why = self.why_no_spec_ever(job)
+            if why is not None:
+                raise NoSpec(f"job {job_id} {why}")
             done = jobs.done_items(session, job_id)
             plans = []
             for item in sorted(done, key=lambda i: -i.weight):
@@ -142,13 +141,18 @@ class JobService:
             raise NoSpecYet(f"job {job_id}: none of its {len(done)} done items configures a contraction{why}")
         return spec
 
-    def _hardware(self, job: Job) -> HardwareModel | None:
-        """The job's hardware as its items were searched for; None when its name is no longer known."""
+    def why_no_spec_ever(self, job: Job) -> str | None:
+        """Why the job can have no tuning spec whatever its items do (its hardware is not a CPU,
+        as each of its items' decisions says), or None."""
         try:
-            return self.runtime.tiling.hardware.resolve(
+            hardware = self.runtime.tiling.hardware.resolve(
                 job.hardware if isinstance(job.hardware, str) else HardwareModel.model_validate(job.hardware))
-        except UnknownHardwareError:
+        except UnknownHardwareError:  # a name no longer known: its items' decisions say
             return None
+        if hardware.is_cpu:
+            return None
+        return (f"is for {hardware.name}, which is not a CPU profile: a tuning spec configures IREE's llvm-cpu "
+                "backend; the items' plans and tiled IR are the answer")
 
     def _job(self, session, job_id: int) -> Job:
         job = jobs.get_job(session, job_id) if 0 < job_id < 2**31 else None

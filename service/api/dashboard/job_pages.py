@@ -111,6 +111,7 @@ def job_page(job_id: int, request: Request, session: DbSession) -> HTMLResponse:
         "predicted_total_s": predicted_total or None,
         "live_json": {"url": progress_url, "interval_ms": POLL_INTERVAL_MS, "active": summary.active},
         "progress_json": _progress(session, job, items),
+        "no_spec_ever": request.app.state.jobs.why_no_spec_ever(job),
     })
 
 
