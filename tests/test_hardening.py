@@ -90,6 +90,19 @@ def test_more_effort_refines_the_stored_decision(service, sessions) -> None:
     assert note["evaluations"] >= 1
 
 
+def test_a_kept_default_refined_in_vain_says_so_in_its_reason(service) -> None:
+    """IREE's default kept, then a refinement that finds nothing better: the reason counted the
+    first search's plans only ("the best of 4 plans searched") beside every trial stored since."""
+    small = TilingRequest(module=matmul_module("kn", 32, 32, 32), hardware="host-cpu", budget=4)
+    first = service.decide(small)
+    assert "IREE's default predicted as fast" in first.decision.search_stats["no_tuning_spec"]
+    again = service.decide(small.model_copy(update={"strategy": "random"}))
+    assert again.cache == "refined" and not again.decision.plan["groups"]
+    note = again.decision.search_stats["refinements"][-1]
+    assert again.decision.search_stats["no_tuning_spec"] == (
+        first.decision.search_stats["no_tuning_spec"] + f"; then {note['evaluations']} more (random): nothing better")
+
+
 def _parts(row: Decision) -> decisions.DecisionKeyParts:
     return decisions.DecisionKeyParts(**{name: getattr(row, name) for name in decisions.DecisionKeyParts.__slots__})
 
