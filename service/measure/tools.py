@@ -15,6 +15,7 @@ import importlib.metadata
 import json
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import tempfile
@@ -159,6 +160,7 @@ def configure_in_process(mlir_path: Path, configs_dir: Path, timeout_s: float) -
         finally:
             source.close()
     if not done:
+        shutil.rmtree(configs_dir, ignore_errors=True)  # what the failed run dumped is not the tool's answer
         configure_module(mlir_path, configs_dir, timeout_s)
 
 
