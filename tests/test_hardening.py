@@ -17,7 +17,7 @@ from sqlalchemy import func, select
 from _shared import matmul_module, workload
 from service.api.app import create_app
 from service.config import Settings
-from service.ir.errors import InvalidTextError, ModuleTooLargeError, NestingTooDeepError
+from service.ir.errors import InvalidTextError, MLIRSyntaxError, ModuleTooLargeError, NestingTooDeepError
 from service.ir.lexical import MAX_NESTING, check_text, normalised_key
 from service.ir.parse import parse_module
 from service.store import decisions
@@ -287,6 +287,9 @@ def test_text_guards_say_what_to_fix() -> None:
     with pytest.raises(NestingTooDeepError, match=f"too deeply nested.*limit of {MAX_NESTING}"):
         parse_module(deep)
     check_text(MATMUL)  # real modules pass
+    # It said "at least one func", and `module {}` was then answered 200 (a new user's trial).
+    with pytest.raises(MLIRSyntaxError, match="holds nothing but whitespace"):
+        parse_module(" \n\t")
     assert normalised_key(MATMUL) == normalised_key(MATMUL_RESPELLED) != normalised_key(MATMUL_RENAMED)
 
 

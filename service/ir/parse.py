@@ -111,7 +111,7 @@ def parse_module(source: str | bytes, *, max_ops: int | None = None) -> ir.Modul
     if isinstance(source, str):
         check_text(source)
     if isinstance(source, str) and not source.strip():
-        raise MLIRSyntaxError([Diagnostic("empty module: expected MLIR text with at least one func")])
+        raise MLIRSyntaxError([Diagnostic("empty module: the text holds nothing but whitespace; send the MLIR module to tile")])
     with context():
         try:
             module = ir.Module.parse(source)
