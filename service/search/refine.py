@@ -118,6 +118,16 @@ def _iree_default_fastest(refinement: Refinement) -> bool:
     return default is not None and chosen is not None and chosen * (1 + MEASURED_MARGIN) > default
 
 
+def _kept_default_reason(refinement: Refinement) -> str:
+    """Why IREE's default was kept (`_iree_default_fastest`), said once for every surface: the
+    CLI's summary and a decision's no_tuning_spec."""
+    default, chosen = refinement.default.cpu_median_s, refinement.candidates[refinement.chosen].measured.cpu_median_s
+    if default <= chosen:
+        return "IREE's default measured fastest: kept"
+    return (f"IREE's default kept: the best candidate measured {default / chosen:.2f}x, less than the "
+            f"{MEASURED_MARGIN:.0%} a measured config must gain to ship")
+
+
 def _iree_default_trial(result: TuneResult):
     """The trial that priced IREE's own config (the search's start, service.search.guard), else the
     untiled plan's: what the answer predicts when it leaves the op to IREE."""
@@ -139,6 +149,8 @@ def measured_answer(result: TuneResult, refinement: Refinement, k: int) -> TuneR
                                            "predicted": default.cost or {"latency_s": default.latency_s},
                                            "feasible": default.feasible})
     update: dict = {"measured": (chosen.measured or {}) | {"top": k, "kept": kept}}
+    if kept == "iree_default":
+        update["measured"]["reason"] = _kept_default_reason(refinement)
     if refinement.not_measurable:
         update["warnings"] = [*chosen.warnings, f"measure_top: nothing measured ({refinement.not_measurable}); "
                                                 "the predicted best answers"]

@@ -9,7 +9,6 @@ from service.ir.analysis import analyze
 from service.ir.plan import Plan
 from service.ir.transform import apply_plan
 
-from .guard import MEASURED_MARGIN
 from .results import TuneResult
 
 
@@ -71,12 +70,7 @@ def measured_lines(measured: dict | None) -> list[str]:
         shown = _ms(got) if got else f"FAILED {c['error']}"
         lines.append(f"  {i + 1}. {c['plan_hash'][:12]} predicted {_ms(c['predicted_latency_s'])}, measured {shown}{vs}{mark}")
     if measured.get("kept") == "iree_default":
-        times = [c["cpu_s"] for c in measured["candidates"] if c["cpu_s"]]
-        best = default / min(times) if times and default else None
-        lines.append("IREE's default measured fastest: kept (the answer leaves the ops to IREE's own configs)"
-                     if best is None or best <= 1.0 else
-                     f"IREE's default kept: the best candidate measured {best:.2f}x, less than the "
-                     f"{MEASURED_MARGIN:.0%} a measured config must gain to ship (the answer leaves the ops to IREE's own configs)")
+        lines.append(f"{measured['reason']} (the answer leaves the ops to IREE's own configs)")
     return lines
 
 

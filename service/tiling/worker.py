@@ -221,7 +221,7 @@ def _left_to_iree(result: TuneResult) -> str | None:
     if result.iree_default and result.iree_default.get("kept"):
         return result.iree_default["reason"]
     if result.measured and result.measured.get("kept") == "iree_default":
-        return "IREE's default measured fastest on this machine: IREE keeps its own config"
+        return f"{result.measured['reason']} (measured on this machine)"
     return None
 
 
