@@ -108,7 +108,7 @@ def _transpose_efficiency(c: Compute, acc: int, n_vecs: int, k: int, hw: Hardwar
     - Shuffles share their issue port with an FMA unit (port 5 on Intel AVX-512; Zen 4 issues
       both from its FP pipes), so their cycles add to the FMAs'.
     - The gather's loads and inserts overlap the FMAs: they slow the step only when longer."""
-    lanes = _lanes(c, hw)
+    lanes = compute_lanes(c, hw)
     fma_cycles = acc * k / _FMAS_PER_CYCLE
     if k >= lanes:
         return fma_cycles / (fma_cycles + n_vecs * k * math.log2(lanes) / _SHUFFLES_PER_CYCLE)
@@ -124,7 +124,7 @@ _RAGGED_ELEMENTS_PER_CYCLE = 2.0
 
 
 def _ragged_row_efficiency(c: Compute, m: int, acc: int, hw: HardwareModel) -> float:
-    lanes = _lanes(c, hw)
+    lanes = compute_lanes(c, hw)
     row = c.parallel_tile[-1] if c.parallel_tile else 1
     if row <= lanes or row % lanes == 0:
         return 1.0
@@ -158,7 +158,7 @@ def _transposed_b_overflow(c: Compute, acc: int, n_vecs: int, k: int, hw: Hardwa
     the accumulators; the share that does not fit the register file goes through the stack
     twice (store, reload) per step."""
     regs = hw.compute.vector_registers or 0
-    b_regs = n_vecs * min(k, _lanes(c, hw))
+    b_regs = n_vecs * min(k, compute_lanes(c, hw))
     free = max(1, regs - acc - 1)
     return min(1.0, free / b_regs) if b_regs else 1.0
 
@@ -210,13 +210,9 @@ def compute_lanes(c: Compute, hw: HardwareModel) -> int:
     return max(1, hw.compute.vector_width_bytes // element_bytes)
 
 
-def _lanes(c: Compute, hw: HardwareModel) -> int:
-    return compute_lanes(c, hw)
-
-
 def _vectors_per_row(c: Compute, hw: HardwareModel) -> int:
     """Vector registers one row of the register tile spans (its innermost parallel extent)."""
-    lanes = _lanes(c, hw)
+    lanes = compute_lanes(c, hw)
     return math.ceil((c.parallel_tile[-1] if c.parallel_tile else 1) / lanes)
 
 
