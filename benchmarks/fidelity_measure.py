@@ -19,6 +19,7 @@ CPU reuses them, a different CPU measures its own.
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import time
@@ -35,7 +36,8 @@ from service.hardware.profiles import HostFacts, get_profile, host_cpu_model, re
 from service.measure.cache import MeasurementCache, host_key, measurement_key  # noqa: E402
 from service.measure.calibration_plans import ContractionWorkload, contraction_workload, plan_for  # noqa: E402
 from service.measure.forcing import NotMeasurable  # noqa: E402
-from service.measure.lowering import levels_from_lowering_config  # noqa: E402
+from service.measure.lowering import levels_from_lowering_config, translation_info_text  # noqa: E402
+from service.measure.tools import host_translation_info  # noqa: E402
 from service.measure.timing import BenchSettings, Measurement, cpu_per_core_s, measure_plans_and_default  # noqa: E402
 
 SETTINGS = BenchSettings(repetitions=3, min_time_s=0.05)
@@ -51,6 +53,16 @@ def host_facts_path(key: str) -> Path:
     """What host detection read off host `key` (profiles.HostFacts), beside its measurements, so
     the model can be held against them on any machine."""
     return CACHE_DIR / f"{key}.host.json"
+
+
+def host_translation(key: str) -> str | None:
+    """The translation_info IREE gave a matmul on host `key` (None: this host, read live), which
+    keys its forced plans' measurements. Hosts stored before it was kept are AVX-512 ones, where
+    IREE's DoubleTilingExpert takes no options."""
+    if key == host_key():
+        return None
+    stored = json.loads(host_facts_path(key).read_text()).get("translation_info")
+    return stored or translation_info_text()
 
 
 def host_profile(key: str) -> HardwareModel:
@@ -81,13 +93,15 @@ TIMINGS = ("cpu", "wall")
 
 
 def measure_shape(s: Shape, cache: MeasurementCache, measure: bool = True,
-                  timing: str = "cpu", lanes_f32: int | None = None) -> ShapeMeasurements | None:
+                  timing: str = "cpu", lanes_f32: int | None = None,
+                  translation_info: str | None = None) -> ShapeMeasurements | None:
     """The shape's grid (for `lanes_f32`, default this host's) and IREE's default, from the
-    cache or measured now (None: not cached and `measure` is off)."""
+    cache or measured now (None: not cached and `measure` is off). `translation_info`: another
+    host's (host_translation), to read its measurements."""
     text = module_text(s)
     w = contraction_workload(s.name, text)
     plans = [plan_for(w, *cfg) for cfg in grid(s, lanes_f32 or lanes())]
-    key = measurement_key(text, {"grid": plans}, SETTINGS)
+    key = measurement_key(text, {"grid": plans}, SETTINGS, translation_info)
     got = [cache.get(f"{key}:{i}") for i in range(len(plans))]
     default = cache.get(f"{key}:default")
     if default is None or any(g is None for g in got):
@@ -135,7 +149,8 @@ def main() -> None:
     cache = host_cache()
     facts = host_facts_path(host_key())
     if not facts.exists():
-        facts.write_text(read_host_facts().to_json() + "\n")
+        stored = json.loads(read_host_facts().to_json()) | {"translation_info": host_translation_info()}
+        facts.write_text(json.dumps(stored, indent=2, sort_keys=True) + "\n")
     shapes = [s for s in corpus() if args.only in s.name][: args.limit]
     print(f"host {host_key()}: {len(shapes)} shapes -> {cache.path}", file=sys.stderr)
     for i, s in enumerate(shapes):

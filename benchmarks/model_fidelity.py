@@ -42,6 +42,7 @@ from fidelity_measure import (  # noqa: E402
     ShapeMeasurements,
     host_cache,
     host_profile,
+    host_translation,
     measure_shape,
     read_time,
 )
@@ -174,7 +175,9 @@ def report(key: str, args: argparse.Namespace) -> None:
     cache = host_cache(key)
     profile = get_profile("host-cpu") if key == host_key() else host_profile(key)
     lanes_f32 = profile.compute.vector_width_bytes // 4
-    results = [r for r in (measure_shape(s, cache, measure=args.measure, timing=args.timing, lanes_f32=lanes_f32)
+    translation = host_translation(key)
+    results = [r for r in (measure_shape(s, cache, measure=args.measure, timing=args.timing, lanes_f32=lanes_f32,
+                                         translation_info=translation)
                            for s in corpus()) if r is not None]
     missing = len(corpus()) - len(results)
     nominal = with_calibration(profile, Calibration())

@@ -190,3 +190,24 @@ def test_every_measured_host_keeps_the_facts_that_rebuild_its_profile():
         vendor, family, model = key.split("-")[:3]
         assert (facts.vendor, f"f{facts.family_model[0]}", f"m{facts.family_model[1]}") == (vendor, family, model)
         assert host_cpu_model(facts).memory_levels[-1].name == "L1"
+
+
+def test_every_measured_hosts_measurements_are_found_from_this_machine():
+    """A forced plan's measurement is keyed by the pipeline options IREE gave its host (loop
+    peeling on AVX2, none with AVX-512); read with this machine's options, another ISA's
+    measurements were all missing, and --host all reported no shapes for them."""
+    import sys
+
+    benchmarks = Path(__file__).resolve().parents[1] / "benchmarks"
+    sys.path.insert(0, str(benchmarks))
+    try:
+        from fidelity_corpus import corpus
+        from fidelity_measure import CACHE_DIR, host_cache, host_profile, host_translation, measure_shape
+    finally:
+        sys.path.remove(str(benchmarks))
+    shape = corpus()[0]
+    for path in sorted(CACHE_DIR.glob("*.host.json")):
+        key = path.name.removesuffix(".host.json")
+        lanes = host_profile(key).compute.vector_width_bytes // 4
+        found = measure_shape(shape, host_cache(key), measure=False, lanes_f32=lanes, translation_info=host_translation(key))
+        assert found is not None and found.default_s, key

@@ -44,7 +44,10 @@ def _settings_key(settings: BenchSettings) -> dict:
     return fields
 
 
-def measurement_key(module_text: str, plan: Any | None, settings: BenchSettings) -> str:
+def measurement_key(module_text: str, plan: Any | None, settings: BenchSettings,
+                    translation_info: str | None = None) -> str:
+    """The cache key of one timing. `translation_info`: the pipeline options a forced plan was
+    compiled with, default this host's (another host's, to read that host's measurements)."""
     if plan is not None and not isinstance(plan, dict):
         plan = plan.model_dump()
     body = json.dumps(
@@ -54,7 +57,7 @@ def measurement_key(module_text: str, plan: Any | None, settings: BenchSettings)
             "iree": iree_version(),
             "settings": _settings_key(settings),
             # A forced plan is compiled with the pipeline options IREE uses on this host.
-            "translation_info": None if plan is None else host_translation_info(),
+            "translation_info": None if plan is None else translation_info or host_translation_info(),
             "schema": 3,  # 2: measurements carry CPU time; 3: and forced plans the host's options
         },
         sort_keys=True,
