@@ -1,10 +1,12 @@
 """Cost model, register-tile terms: microkernel efficiency (spills, FMA pipeline, rows of A and
 B, L1 set conflicts) and IREE's vector-tile limit (service/hardware/cost/registers.py)."""
 
+from pathlib import Path
+
 import pytest
 
 from service.hardware.cost import estimate_cost
-from service.hardware.profiles import detect_host_cpu, get_profile
+from service.hardware.profiles import HostFacts, detect_host_cpu, get_profile, host_cpu_model
 from service.ir.graph import tag_tileable_ops
 from service.ir.mlir import context
 from service.ir.parse import parse_module
@@ -341,3 +343,23 @@ def test_a_bf16_accumulator_is_computed_in_f32_lanes_and_rounded_every_reduction
     assert latency["f32", 4] < 1.3 * latency["f32", 16]  # f32 rounds nothing
     # 8x32 bf16 is 16 f32 accumulators: the same register tile as 8x32 f32, not half of it.
     assert latency["bf16", 16] == pytest.approx(latency["f32", 16], rel=0.35)
+
+
+def _transposed_b_latency(hw, vec: list[int], red: int) -> float:
+    with context():
+        tagged = tag_tileable_ops(parse_module(matmul_module("nk", m=128, n=3072, k=768)))
+        return estimate_cost(apply_plan(tagged, matmul_plan([64, 64], vec, red)).module, hw).latency_s
+
+
+def test_a_transposed_b_tile_longer_than_a_vector_takes_the_generic_transpose(zen3) -> None:
+    """IREE transposes a lanes x lanes tile of B with its square patterns (8x8 on AVX2, 16x16 on
+    AVX-512) and anything longer along k with the generic shuffle lowering, about one shuffle per
+    element (IREE's x86 code: 142 shuffles for an 8x16 tile against 24 for 8x8). Measured on a
+    Zen 3 (AVX2; bert-base 128x768x3072 and llama2-7b 16x11008x4096, B [n, k]): 8x8 tiles at
+    k 16 ran 1.5-1.7x slower than at k 8, which the model priced the same."""
+    k8, k16 = _transposed_b_latency(zen3, [8, 8], 8), _transposed_b_latency(zen3, [8, 8], 16)
+    assert 1.3 < k16 / k8 < 2.5
+    facts = Path(__file__).resolve().parents[1] / "benchmarks" / "measurements" / "AuthenticAMD-f25-m17-avx512-2t.host.json"
+    zen4 = host_cpu_model(HostFacts.from_json(facts.read_text()))
+    k16, k32 = _transposed_b_latency(zen4, [8, 16], 16), _transposed_b_latency(zen4, [8, 16], 32)
+    assert k32 > 1.3 * k16

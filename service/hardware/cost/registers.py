@@ -96,6 +96,12 @@ def _narrow_accumulator_efficiency(c: Compute, k: int, hw: HardwareModel) -> flo
 # shuf), read off IREE's code for a B stored [n, k]; one shuffle issues per cycle beside two FMAs.
 _SHUFFLES_PER_CYCLE = 1.0
 _FMAS_PER_CYCLE = 2.0
+# IREE lowers a B tile of lanes x lanes with its square-transpose patterns (8x8 on AVX2, 16x16
+# on AVX-512); a longer reduction tile's [n, k] transpose goes through the generic shuffle
+# lowering instead, about one shuffle per element (read off IREE's x86 code: 8x16 on AVX2, 142
+# shuffles for 128 elements against 24 for 8x8; 32x16 on AVX2, 492 for 512; 16x32 on AVX-512,
+# 447 for 512 against 64 for 16x16). docs/benchmarks.md, "Session 21".
+_GENERIC_TRANSPOSE_SHUFFLES = 1.0
 # A reduction tile shorter than a vector leaves no vector to load along k: each element of B's
 # tile is loaded and inserted on its own (a scalar load and an insert per element).
 _GATHER_CYCLES_PER_ELEMENT = 2.0
@@ -103,15 +109,17 @@ _GATHER_CYCLES_PER_ELEMENT = 2.0
 
 def _transpose_efficiency(c: Compute, acc: int, n_vecs: int, k: int, hw: HardwareModel) -> float:
     """B contiguous along k: per reduction tile, its [n, k] tile is transposed into k rows of n
-    in registers (k >= lanes: log2(lanes) shuffles per vector of B) or gathered element by
-    element (k < lanes).
+    in registers (k = lanes: IREE's square transpose, log2(lanes) shuffles per vector of B;
+    k > lanes: the generic lowering, _GENERIC_TRANSPOSE_SHUFFLES per element) or gathered
+    element by element (k < lanes).
     - Shuffles share their issue port with an FMA unit (port 5 on Intel AVX-512; Zen 4 issues
       both from its FP pipes), so their cycles add to the FMAs'.
     - The gather's loads and inserts overlap the FMAs: they slow the step only when longer."""
     lanes = compute_lanes(c, hw)
     fma_cycles = acc * k / _FMAS_PER_CYCLE
     if k >= lanes:
-        return fma_cycles / (fma_cycles + n_vecs * k * math.log2(lanes) / _SHUFFLES_PER_CYCLE)
+        per_vector = math.log2(lanes) if k == lanes else lanes * _GENERIC_TRANSPOSE_SHUFFLES
+        return fma_cycles / (fma_cycles + n_vecs * k * per_vector / _SHUFFLES_PER_CYCLE)
     gather_cycles = n_vecs * lanes * k * _GATHER_CYCLES_PER_ELEMENT
     return min(1.0, fma_cycles / gather_cycles) if gather_cycles else 1.0
 
