@@ -14,7 +14,7 @@ from fastapi.testclient import TestClient
 from markupsafe import escape
 from typer.testing import CliRunner
 
-from _shared import MATMUL_100, SHARED, TWO_STACKED_MATMULS, matmul_module, workload
+from _shared import MATMUL_100, SHARED, TWO_STACKED_MATMULS, matmul_module, needs_avx512, workload
 
 from service.api.app import create_app
 from service.cli import app
@@ -122,7 +122,7 @@ def test_a_dispatch_predicted_slower_than_irees_default_is_left_to_iree(monkeypa
     assert len(report.dispatches) == 2 and not any(d.tuned for d in report.dispatches)
     for d in report.dispatches:
         assert d.reason.startswith("IREE's default predicted as fast: 0.0000 ms vs ")
-        assert d.iree_default.startswith("#iree_cpu.lowering_config<distribution = ")
+        assert lowering_config_of(d.iree_default) is not None  # IREE may print other levels first (AVX2: cache_parallel)
     assert report.spec is None and not Path(tmp_path / "spec.mlir").exists() and report.searches == []
 
 
@@ -192,7 +192,7 @@ def test_a_pick_predicted_faster_than_irees_default_is_answered_with_both_number
     record = result.iree_default
     assert result.plan["groups"] and record["kept"] is False and record["reason"] is None
     assert result.predicted["latency_s"] * (1 + engine.KEEP_START_MARGIN) <= record["predicted_s"]
-    assert record["config"].startswith("#iree_cpu.lowering_config<distribution = ")
+    assert lowering_config_of(record["config"]) is not None  # IREE may print other levels first (AVX2: cache_parallel)
     # The model prices the untiled loop nest faster still; but untiled, IREE compiles its own
     # config, so the untiled plan is no rival to IREE's default: the best tiled plan answers.
     (untiled,) = [t for t in result.trials if t.source == "untiled"]
@@ -218,6 +218,7 @@ def test_measured_answers_and_other_targets_are_not_judged_by_prediction(host):
     assert elsewhere.iree_default is None  # IREE's default on this machine says nothing of another
 
 
+@needs_avx512  # IREE's default on this CPU, priced on the pinned AVX-512 profile
 def test_the_api_answers_irees_own_config_with_the_reason_and_keeps_it(migrated_url):
     body = {"module": MATMUL_1024, "hardware": "host-cpu", "budget": 4}
     with TestClient(create_app(Settings(database_url=migrated_url, pool_workers=1))) as client:
@@ -243,6 +244,7 @@ def test_a_job_item_left_to_iree_says_why_on_the_jobs_page():
     assert kept.why == "not in the spec: IREE's default predicted as fast: 1.0000 ms vs 1.0000 ms tuned (cache miss)"
 
 
+@needs_avx512  # IREE's default on this CPU, priced on the pinned AVX-512 profile
 def test_tune_writes_no_spec_when_irees_default_is_kept_and_says_why(tmp_path):
     module, spec = tmp_path / "mm.mlir", tmp_path / "spec.mlir"
     module.write_text(MATMUL_1024)

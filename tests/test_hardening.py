@@ -14,7 +14,7 @@ from fastapi.testclient import TestClient
 from pydantic import ValidationError
 from sqlalchemy import func, select
 
-from _shared import matmul_module, workload
+from _shared import matmul_module, needs_avx512, workload
 from service.api.app import create_app
 from service.config import Settings
 from service.ir.errors import InvalidTextError, MLIRSyntaxError, ModuleTooLargeError, NestingTooDeepError
@@ -90,6 +90,7 @@ def test_more_effort_refines_the_stored_decision(service, sessions) -> None:
     assert note["evaluations"] >= 1
 
 
+@needs_avx512  # real IREE on this CPU against the pinned AVX-512 profile's configs
 def test_a_kept_default_refined_in_vain_says_so_in_its_reason(service) -> None:
     """IREE's default kept, then a refinement that finds nothing better: the reason counted the
     first search's plans only ("the best of 4 plans searched") beside every trial stored since."""

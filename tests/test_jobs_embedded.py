@@ -9,6 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from _shared import needs_avx512
 from test_jobs_workers import TILESEARCH, Processes, matmul, slow_module, wait_for
 
 pytestmark = pytest.mark.slow
@@ -16,6 +17,7 @@ TOKEN = "s3cret"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 
+@needs_avx512  # real IREE on this CPU against the pinned AVX-512 profile's configs
 def test_embedded_server_completes_a_job_end_to_end(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'tilesearch.db'}"
     procs = Processes(url, tmp_path)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from _shared import SHARED
+from _shared import SHARED, needs_avx512
 
 from service.hardware.profiles import get_profile
 from service.ir.analysis import analyze
@@ -60,6 +60,7 @@ def test_the_profiler_times_every_dispatch_of_the_model_per_call(mlp):
         assert 0 < times[d.entry].wall_s < 1 and times[d.entry].cpu_s > 0
 
 
+@needs_avx512  # real IREE on this CPU against the pinned AVX-512 profile's configs
 def test_each_round_build_carries_a_plan_of_every_root_and_a_refused_plan_is_found_alone(mlp, tmp_path):
     work, (first, second), function, flags = mlp
     refused = _matcher(first, "r0p0", [16, 512, 0], [16, 512, 0], [0, 0, 64])  # a 32 KiB vector: IREE refuses it

@@ -6,6 +6,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from typer.testing import CliRunner
 
+from _shared import needs_avx512
+
 from service.cli import app
 from service.hardware.profiles import get_profile
 from service.measure.tools import first_error_line
@@ -30,6 +32,7 @@ def _onnx_mlp(path, tokens: int = 32, width: int = 256, hidden: int = 512):
     return path
 
 
+@needs_avx512  # real IREE on this CPU against the pinned AVX-512 profile's configs
 def test_an_onnx_model_is_imported_tuned_and_its_spec_applied_by_iree(tmp_path):
     model = _onnx_mlp(tmp_path / "mlp.onnx")
     report = tune_model(model, get_profile("host-cpu"), tmp_path / "spec.mlir", budget=64)

@@ -6,9 +6,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from _shared import SHARED, nchw_conv_module, tuning_every_dispatch
+from _shared import SHARED, nchw_conv_module, needs_avx512, tuning_every_dispatch
 
 from service.hardware.profiles import get_profile
+from service.measure.lowering import lowering_config_of
 from service.measure.whole_model import compile_model, input_program, model_arguments, run_outputs, write_inputs
 from service.ir.dispatch import Dispatch
 from service.measure.tools import ToolFailure
@@ -40,7 +41,7 @@ def test_every_matmul_dispatch_is_tuned_or_left_to_a_faster_default_and_iree_app
     assert len(report.dispatches) == 2 and tuned
     assert report.verified  # both builds' configuration dumps were read back
     for d in report.dispatches:  # IREE's own config of every root, priced by the same cost model
-        assert d.iree_default.startswith("#iree_cpu.lowering_config<distribution = ")
+        assert lowering_config_of(d.iree_default) is not None  # IREE may print other levels first (AVX2: cache_parallel)
         assert d.iree_default_predicted_s > 0 and d.predicted_s > 0
         if d.tuned:
             assert d.config.startswith("#iree_codegen.compilation_info<")
@@ -228,6 +229,7 @@ func.func @main(%a: tensor<64x256xf32>, %b: tensor<256x128xf32>, %c: tensor<256x
 }"""
 
 
+@needs_avx512  # the pinned AVX-512 profile's vector tiles exceed AVX2's limit in IREE
 @pytest.mark.parametrize("left", ["dispatch_0", "dispatch_1"])
 def test_dispatches_one_matcher_cannot_tell_apart_are_decided_together(tmp_path, monkeypatch, left):
     """Two dispatches whose roots are the same matmul (different fused consumers): the spec's

@@ -21,7 +21,7 @@ from typer.testing import CliRunner
 
 from service.cli import app
 from service.client import TilesearchClient, TilesearchError
-from _shared import MATMUL_100, WORKLOADS, matmul_module, workload
+from _shared import MATMUL_100, WORKLOADS, matmul_module, needs_avx512, workload
 
 TILESEARCH = str(Path(sys.executable).with_name("tilesearch"))
 MATMUL = workload("matmul_1024")
@@ -93,6 +93,7 @@ def test_client_raises_with_the_servers_diagnostics(server: str) -> None:
         assert httpx.get(f"{server}/healthz").status_code == 200
 
 
+@needs_avx512  # real IREE on this CPU against the pinned AVX-512 profile's configs
 def test_tune_via_server_writes_the_decision(server: str, tmp_path: Path) -> None:
     out = tmp_path / "out"
     runner = CliRunner()

@@ -79,13 +79,14 @@ def model_tune_cmd(
     table = Table(title=f"{file.name} on {hw.name}: {sum(d.tuned for d in report.dispatches)} of "
                         f"{len(report.dispatches)} dispatches tuned")
     table.add_column("dispatch", overflow="fold")  # whole: it is how the spec's matchers are named
-    for col in ("weight", "root", "tuned", "predicted ms", "IREE default ms", "reason"):
+    # Both time columns are the cost model's, per call: a model run calls a dispatch `weight` times.
+    for col in ("weight", "root", "tuned", "predicted ms", "IREE default, predicted ms", "reason"):
         table.add_column(col)
     for d in report.dispatches:
         table.add_row(d.name, str(d.weight), d.root_op or "-", "yes" if d.tuned else "no", _ms(d.predicted_s),
                       _ms(d.iree_default_predicted_s), d.reason or "")
     Console(width=max(Console().width, 160)).print(table)
-    typer.echo(f"tuned in {report.elapsed_s:.1f} s")
+    typer.echo(f"tuned in {report.elapsed_s:.1f} s (predicted times are per call of a dispatch; a run calls it `weight` times)")
     if report.spec:
         checked = "IREE applied it to every tuned dispatch" if report.verified else "not checked against IREE's configurations"
         typer.echo(f"wrote {report.spec} ({checked}); predicted {report.predicted_total_s * 1e3:.3f} ms for the tuned dispatches")
