@@ -1,19 +1,15 @@
 """Plans and hardware the cost-model tests share (tests/test_cost*.py)."""
 
-import functools
-import tempfile
-from pathlib import Path
-
 from service.hardware.cost import Cost, estimate_cost
 from service.hardware.model import HardwareModel
-from service.hardware.profiles import detect_host_cpu, get_profile
+from service.hardware.profiles import get_profile
 from service.ir.graph import tag_tileable_ops
 from service.ir.mlir import context
 from service.ir.parse import parse_module
 from service.ir.plan import Plan
 from service.ir.transform import apply_plan
 
-from _shared import REFERENCE_HOST_CACHES, REFERENCE_HOST_CPUINFO, WORKLOADS, write_cpu_sysfs
+from _shared import WORKLOADS, reference_host
 
 
 def cost_of(workload: str, anchor: int, fuse: list[int], levels: list[tuple[list[int], str]], hw: str = "host-cpu") -> Cost:
@@ -34,9 +30,7 @@ def matmul_plan(dist: list[int], vec: list[int], red: int) -> Plan:
         {"tile_sizes": [0, 0, red], "loop": "for"}]}]})
 
 
-@functools.cache
 def avx512_host() -> HardwareModel:
-    """The AVX-512 reference host's profile (the Intel one `host-cpu` is pinned to on AVX-512
-    machines), whatever machine runs the tests: the register-tile numbers assume AVX-512."""
-    root = Path(tempfile.mkdtemp(prefix="tilesearch-avx512-host-"))
-    return detect_host_cpu(*write_cpu_sysfs(root, REFERENCE_HOST_CACHES, REFERENCE_HOST_CPUINFO), cores=2)
+    """The AVX-512 reference host's profile, whatever machine runs the tests: the register-tile
+    numbers assume AVX-512."""
+    return reference_host()

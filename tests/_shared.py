@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from service.hardware.model import HardwareModel
+from service.hardware.profiles import detect_host_cpu
 from service.search import guard
 from service.search import engine
 
@@ -158,6 +162,14 @@ REFERENCE_HOST_CACHES = [
     (3, "Unified", "307200K", "0-1", "15"),
 ]
 REFERENCE_HOST_CPUINFO = "processor\t: 0\nvendor_id\t: GenuineIntel\nflags\t\t: fpu sse sse2 avx avx2 fma avx512f\n"
+
+
+@functools.cache
+def reference_host() -> HardwareModel:
+    """The reference host's profile (AVX-512, the caches above, 2 cores): what conftest pins
+    `host-cpu` to, and what the register-tile tests price on whatever machine runs them."""
+    with tempfile.TemporaryDirectory(prefix="tilesearch-reference-host-") as tmp:
+        return detect_host_cpu(*write_cpu_sysfs(Path(tmp), REFERENCE_HOST_CACHES, REFERENCE_HOST_CPUINFO), cores=2)
 
 
 # Session 8's machine: an AMD EPYC, Zen 3 (family 25, model 1), AVX2 with 16 ymm registers,

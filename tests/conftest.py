@@ -19,11 +19,11 @@ from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import NullPool
 
-from _shared import REFERENCE_HOST_CACHES, REFERENCE_HOST_CPUINFO, write_cpu_sysfs
+from _shared import reference_host
 
 from service.config import Settings
 from service.hardware.model import HardwareModel
-from service.hardware.profiles import detect_host_cpu, get_profile, save_profile
+from service.hardware.profiles import get_profile, save_profile
 from service.ir.sandbox import Sandbox
 from service.store import migrate
 from service.store.db import make_engine, make_sessionmaker, normalize_url
@@ -40,8 +40,7 @@ def _isolated_hardware_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator
     sysfs trees). Set before any sandbox worker starts, so workers inherit it too."""
     previous = os.environ.get("TILESEARCH_HARDWARE_DIR")
     directory = tmp_path_factory.mktemp("hardware")
-    cpu_dir, cpuinfo = write_cpu_sysfs(tmp_path_factory.mktemp("reference-host"), REFERENCE_HOST_CACHES, REFERENCE_HOST_CPUINFO)
-    save_profile(detect_host_cpu(cpu_dir, cpuinfo, cores=2), directory)
+    save_profile(reference_host(), directory)
     os.environ["TILESEARCH_HARDWARE_DIR"] = str(directory)
     yield
     if previous is None:
