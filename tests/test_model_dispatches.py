@@ -224,3 +224,48 @@ def test_tune_without_a_spec_to_write_prints_its_answer_and_says_why(tmp_path):
     assert result.exit_code == 2 and not spec.exists()
     assert "best plan" in result.output  # the search's answer is not thrown away
     assert "linalg.matmul (uid 1) has dynamic dims" in result.output and "static shapes only" in result.output
+
+
+def _convolution(module: str):
+    return next(op for op in analyze(module).graph.ops.values() if op.kind == "convolution")
+
+
+CONV_LEVELS = [{"tile_sizes": [1, 16, 4, 8, 0, 0, 0]}, {"tile_sizes": [1, 8, 1, 8, 0, 0, 0]},
+               {"tile_sizes": [0, 0, 0, 0, 4, 1, 1]}]
+
+
+def test_a_convolution_matcher_checks_every_dim_group_as_iree_infers_them():
+    from _shared import nchw_conv_module
+
+    from service.ir.graph import ConvolutionDims
+    from service.measure.tuning_spec import convolution_matcher
+
+    conv = _convolution(nchw_conv_module(2, c_in=16, c_out=32, size=16))
+    m = convolution_matcher(conv, CONV_LEVELS, "conv")
+    assert m.sizes == ConvolutionDims(batch=(2,), output_image=(16, 16), output_channel=(32,), filter_loop=(3, 3),
+                                      input_channel=(16,), depth=(), strides=(1, 1), dilations=(1, 1))
+    assert "ConvTileAndDecomposeExpert" in m.compilation_info  # IREE's convolution pipeline, not the matmuls'
+    spec = tuning_spec([m])  # parsed back with MLIR
+    assert "transform.iree.match.convolution %arg0, lhs_type = f32, rhs_type = f32, output_type = f32" in spec
+    assert "transform.iree.match.dims_equal %filter_dims, [3, 3]" in spec
+    strided = _convolution(nchw_conv_module(2, c_in=16, c_out=32, size=16).replace(
+        "strides = dense<1>", "strides = dense<2>").replace("tensor<2x32x16x16xf32>", "tensor<2x32x8x8xf32>"))
+    assert convolution_matcher(strided, CONV_LEVELS, "s").sizes.strides == (2, 2)
+
+
+def test_no_convolution_matcher_for_one_iree_drops_a_config_on_or_a_depthwise_one():
+    from _shared import nchw_conv_module
+
+    from service.measure.tuning_spec import convolution_matcher, root_matcher
+
+    assert convolution_matcher(_convolution(nchw_conv_module(1)), CONV_LEVELS, "c") is None  # unit batch: stripped
+    depthwise = """
+func.func @dw(%x: tensor<2x18x18x32xf32>, %w: tensor<3x3x32xf32>) -> tensor<2x16x16x32xf32> {
+  %z = arith.constant 0.0 : f32
+  %e = tensor.empty() : tensor<2x16x16x32xf32>
+  %c = linalg.fill ins(%z : f32) outs(%e : tensor<2x16x16x32xf32>) -> tensor<2x16x16x32xf32>
+  %r = linalg.depthwise_conv_2d_nhwc_hwc {dilations = dense<1> : tensor<2xi64>, strides = dense<1> : tensor<2xi64>}
+       ins(%x, %w : tensor<2x18x18x32xf32>, tensor<3x3x32xf32>) outs(%c : tensor<2x16x16x32xf32>) -> tensor<2x16x16x32xf32>
+  return %r : tensor<2x16x16x32xf32>
+}"""
+    assert root_matcher(_convolution(depthwise), CONV_LEVELS[:2], "d") is None

@@ -147,16 +147,60 @@ def test_a_dispatch_without_a_contraction_is_left_to_iree_with_its_reason(tmp_pa
     assert report.summary()["predicted_total_s"] is None  # no tuned dispatch to sum (not 0.0 s)
 
 
-@pytest.mark.parametrize("batch, why", [(1, "InsertBatchDimForBatchlessConvPass"), (2, "has a batch dim")])
+@pytest.mark.parametrize("batch, why", [(1, "convolution: IREE 3.13 drops a config"),
+                                        (2, "ships only when measured faster inside the model (--measure-top K)")])
 def test_a_convolution_is_left_to_iree_saying_why(tmp_path, batch, why):
-    """IREE drops a config on a batch-1 convolution; a batched one would keep it, and the report
-    says that tilesearch is the reason there (a new user's trial read the batch-1 text on batch 2)."""
+    """IREE drops a config on a batch-1 convolution; a batched one keeps it, and without
+    measurement the report says a convolution's config ships only when measured (a new user's
+    trial read the batch-1 text on batch 2)."""
     model = tmp_path / "conv.mlir"
     model.write_text(nchw_conv_module(batch, c_in=8, c_out=16))
     report = tune_model(model, get_profile("host-cpu"), tmp_path / "spec.mlir", budget=8)
     (conv,) = [d for d in report.dispatches if "conv" in d.name]
-    assert not conv.tuned and conv.reason.startswith("convolution: ") and why in conv.reason
+    assert not conv.tuned and why in conv.reason
     assert report.spec is None
+
+
+def test_a_convolution_matcher_gives_a_batched_convolution_its_config_and_the_same_results(tmp_path):
+    """The spec's convolution matcher is applied by IREE (its dumped config is the matcher's) and
+    the build computes what IREE's default build does."""
+    from service.ir.analysis import analyze
+    from service.measure.tuning_spec import convolution_matcher, tuning_spec
+    from service.measure.whole_model import canonical_attribute, dispatch_configs
+
+    text = nchw_conv_module(2, c_in=16, c_out=32, size=16)
+    model = tmp_path / "conv.mlir"
+    model.write_text(text)
+    conv = next(op for op in analyze(text).graph.ops.values() if op.kind == "convolution")
+    levels = [{"tile_sizes": [1, 16, 4, 8, 0, 0, 0]}, {"tile_sizes": [1, 8, 1, 8, 0, 0, 0]},
+              {"tile_sizes": [0, 0, 0, 0, 4, 1, 1]}]
+    matcher = convolution_matcher(conv, levels, "conv")
+    (tmp_path / "spec.mlir").write_text(tuning_spec([matcher]))
+    compile_model(model, tmp_path / "default.vmfb", tmp_path / "d_configs")
+    compile_model(model, tmp_path / "tuned.vmfb", tmp_path / "t_configs", spec=tmp_path / "spec.mlir")
+    (dumped,) = dispatch_configs(tmp_path / "t_configs").values()
+    assert canonical_attribute(matcher.lowering_config) in [config for _, config in dumped.ops]
+    assert "ConvTileAndDecomposeExpert" in (dumped.translation_info or "")
+    flags = write_inputs(model_arguments(input_program(model, tmp_path / "input.mlir")), tmp_path, seed=5)
+    (default,) = run_outputs(tmp_path / "default.vmfb", flags, tmp_path / "default_out", 1)
+    (tuned,) = run_outputs(tmp_path / "tuned.vmfb", flags, tmp_path / "tuned_out", 1)
+    a, b = np.load(default), np.load(tuned)
+    assert a.shape == b.shape == (2, 32, 16, 16)
+    np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-4 * float(np.abs(a).max()))
+
+
+def test_a_batched_convolution_is_measured_inside_the_model_and_ships_only_when_faster(tmp_path):
+    model = tmp_path / "conv.mlir"
+    model.write_text(nchw_conv_module(2, c_in=32, c_out=64, size=28))
+    report = tune_model(model, get_profile("host-cpu"), tmp_path / "spec.mlir", budget=64, measure_top=2)
+    (conv,) = [d for d in report.dispatches if "conv" in d.name]
+    assert conv.measured_s and conv.iree_default_measured_s  # both timed inside the model
+    if conv.tuned:  # measured faster by the guard's margin, and IREE applied the spec to it
+        assert conv.iree_default_measured_s / conv.measured_s > 1.0 and report.verified
+        spec = Path(report.spec).read_text()
+        assert "transform.iree.match.convolution" in spec and "ConvTileAndDecomposeExpert" in spec
+    else:
+        assert "measured" in conv.reason and report.spec is None
 
 
 def test_input_iree_cannot_compile_is_a_clear_error(tmp_path):

@@ -112,6 +112,25 @@ def test_a_register_tile_spans_one_batch_of_a_batched_contraction(host):
     assert inner_tiles and all(tiles[0] == 1 for tiles in inner_tiles)
 
 
+def test_a_convolution_vector_tile_is_one_output_row_and_one_filter_tap(host):
+    """IREE decomposes a convolution's vector tile to 1-D convolutions: one image, one output row,
+    one filter tap per tile (its own configs: [1, 16, 1, 7] and filter tiles of 1); along the row,
+    tiles that divide it."""
+    from _shared import nchw_conv_module
+
+    text = nchw_conv_module(2, c_in=32, c_out=64, size=28)
+    (spec,) = build_space(analyze(text).graph, host, {}).groups
+    assert spec.inner_choices[0] == spec.inner_choices[2] == [1]  # batch, output row
+    assert spec.reduction_choices[5] == spec.reduction_choices[6] == [1]  # filter taps
+    assert 7 in spec.inner_choices[3] and all(28 % t == 0 or t == 16 for t in spec.inner_choices[3])
+    r = tune(text, host, budget=40, strategy="random", seed=0, workers=0)
+    levels = [t.plan["groups"][0]["levels"] for t in r.trials if t.source == "random" and t.plan]
+    assert levels and all(len(lv) == 3 for lv in levels)
+    for outer, inner, red in ([lv["tile_sizes"] for lv in level] for level in levels):
+        assert inner[2] == 1 and red[5] == red[6] == 1
+        assert (outer[3] or 28) % (inner[3] or outer[3] or 28) == 0  # the row's tiles divide it
+
+
 @pytest.mark.parametrize("hardware", ["host-cpu", "npu-sram-256k"])
 @pytest.mark.parametrize("name", ["attention_scores", "matmul_1024", "conv_relu", "softmax", "mlp_chain"])
 def test_starting_knob_values_are_in_the_space(hardware, name):

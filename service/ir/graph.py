@@ -109,6 +109,44 @@ class TileableOp:
                 return dims[-1]
         return None
 
+    def convolution_dims(self) -> ConvolutionDims | None:
+        """A convolution's loop dims by role, as IREE infers them from the indexing maps
+        (`linalg::inferConvolutionDims`); None for any other op."""
+        if self.kind != "convolution" or not self.indexing_maps:
+            return None
+        return convolution_dims(self.indexing_maps)
+
+
+@dataclass(frozen=True)
+class ConvolutionDims:
+    """A convolution's loop dims by role (MLIR's `ConvolutionDimensions`), or their extents, and
+    the strides of its output image dims and dilations of its filter dims."""
+
+    batch: tuple[int, ...]
+    output_image: tuple[int, ...]
+    output_channel: tuple[int, ...]
+    filter_loop: tuple[int, ...]
+    input_channel: tuple[int, ...]
+    depth: tuple[int, ...]
+    strides: tuple[int, ...]
+    dilations: tuple[int, ...]
+
+
+CONVOLUTION_ROLES = ("batch", "output_image", "output_channel", "filter_loop", "input_channel", "depth")
+
+
+def convolution_dims(indexing_maps: list[str]) -> ConvolutionDims | None:
+    """MLIR's inference of a convolution's dims from its indexing maps (input, filter, output);
+    None when they are not a convolution's."""
+    with context():
+        maps = [ir.AffineMapAttr(ir.Attribute.parse(m if m.startswith("affine_map<") else f"affine_map<{m}>")).value
+                for m in indexing_maps[:3]]
+        dims = linalg.infer_convolution_dimensions_from_maps(maps)
+        if dims is None:
+            return None
+        return ConvolutionDims(**{name: tuple(int(d) for d in getattr(dims, name))
+                                  for name in (*CONVOLUTION_ROLES, "strides", "dilations")})
+
 
 @dataclass(frozen=True)
 class Edge:

@@ -27,21 +27,27 @@ _LOWERING_CONFIG_PREFIX = "#iree_cpu.lowering_config<"
 # Why a convolution keeps IREE's config, checked on IREE 3.13 (docs/benchmarks.md, session 18):
 # dispatch formation strips a unit batch dim, and InsertBatchDimForBatchlessConvPass, which runs
 # after the tuning spec and compilation_info are applied, rebuilds the op without them. A conv
-# with a batch dim keeps a forced config, but tilesearch neither matches nor measures convolutions.
+# with a batch dim keeps a forced config: whole-model tuning configures those when measured.
 _BATCHLESS_CONVOLUTION = ("IREE 3.13 drops a config forced on a convolution without a batch dim (a unit batch is "
                           "stripped, and its InsertBatchDimForBatchlessConvPass rebuilds the op after the tuning spec "
                           "is applied)")
-_BATCHED_CONVOLUTION = ("tilesearch configures contractions only (IREE would take a config on this convolution, "
-                        "which has a batch dim; tilesearch has no convolution matcher yet)")
+_BATCHED_CONVOLUTION = ("IREE takes a config on this convolution (it has a batch dim), but tilesearch ships a "
+                        "convolution's config only when it was measured faster inside a whole model "
+                        "(`tilesearch model tune --measure-top K`): its cost model is unchecked on convolutions")
+
+
+def iree_configures_convolution(conv: TileableOp) -> bool:
+    """Whether IREE 3.13 keeps a config given to this convolution: it has a batch dim (parallel,
+    indexing the input and the output, not the filter) of extent other than 1 (a unit one is
+    stripped like none)."""
+    image, weights, out = conv.operand_dims[0], conv.operand_dims[1], conv.operand_dims[-1]
+    return any(d is not None and conv.iterator_types[d] == "parallel" and d in out and d not in weights
+               and conv.loop_ranges[d] != 1 for d in image)
 
 
 def convolution_not_configured(conv: TileableOp) -> str:
-    """Why a convolution keeps IREE's config. Its batch dim is parallel and indexes the input and
-    the output, not the filter; one of extent 1 is stripped like none."""
-    image, weights, out = conv.operand_dims[0], conv.operand_dims[1], conv.operand_dims[-1]
-    batched = any(d is not None and conv.iterator_types[d] == "parallel" and d in out and d not in weights
-                  and conv.loop_ranges[d] != 1 for d in image)
-    return _BATCHED_CONVOLUTION if batched else _BATCHLESS_CONVOLUTION
+    """Why a convolution keeps IREE's config outside a whole model's measured tuning."""
+    return _BATCHED_CONVOLUTION if iree_configures_convolution(conv) else _BATCHLESS_CONVOLUTION
 
 
 # IREE's input pipeline demotes f64 to f32 by default (`--iree-input-demote-f64-to-f32`): the

@@ -8,6 +8,9 @@ whose `@__kernel_config` (attribute `iree_codegen.tuning_spec_entrypoint`) runs 
 the op with the `compilation_info` the matcher yields. A contraction matcher names the operand
 element types, the indexing maps and every dim size (`transform.iree.match.contraction` +
 `dims_equal`), so it matches the op it was tuned for and nothing else of another shape or layout.
+A convolution matcher does the same with `transform.iree.match.convolution` (batch, output image,
+output channel, filter, input channel and depth sizes, strides and dilations, as
+`linalg::inferConvolutionDims` reads them), for the convolutions IREE takes a config on.
 The text is parsed back with MLIR before it is returned: a spec that does not parse is our bug.
 """
 
@@ -16,7 +19,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from service.ir.graph import OpGraph, TileableOp
+from service.ir.graph import CONVOLUTION_ROLES, ConvolutionDims, OpGraph, TileableOp
 from service.ir.plan import Plan
 from service.ir.mlir import context, ir
 
@@ -24,9 +27,14 @@ from .lowering import (
     as_iree_compiles,
     compilation_info_text,
     convolution_not_configured,
+    iree_configures_convolution,
     lowering_config_from_levels,
     lowering_config_text,
+    translation_info_text,
 )
+
+# IREE's CPU pipeline for convolutions: tiled, then decomposed to 1-D convolutions and vectorised.
+CONVOLUTION_PIPELINE = "ConvTileAndDecomposeExpert"
 
 
 @dataclass(frozen=True)
@@ -56,6 +64,27 @@ class ContractionMatcher:
     def matched(self) -> tuple:
         """What the matcher checks: two matchers with the same match the same ops."""
         return self.lhs_type, self.rhs_type, self.output_type, self.indexing_maps, self.sizes
+
+
+@dataclass(frozen=True)
+class ConvolutionMatcher:
+    """Everything a matcher checks of one convolution root, and the config it applies."""
+
+    name: str
+    lhs_type: str
+    rhs_type: str
+    output_type: str
+    indexing_maps: tuple[str, ...]  # input, filter, output
+    sizes: ConvolutionDims  # each role's loop extents (strides and dilations as they are)
+    compilation_info: str
+    lowering_config: str = ""
+
+    @property
+    def matched(self) -> tuple:
+        return self.lhs_type, self.rhs_type, self.output_type, self.indexing_maps, self.sizes
+
+
+RootMatcher = ContractionMatcher | ConvolutionMatcher
 
 
 def symbol_part(name: str) -> str:
@@ -106,12 +135,46 @@ def contraction_matcher(op: TileableOp, levels: list, name: str, translation_inf
     )
 
 
+def convolution_matcher(op: TileableOp, levels: list, name: str, translation_info: str | None = None) -> ConvolutionMatcher | None:
+    """The matcher of a convolution op with the config its plan levels give it; None for an op
+    that is not a static convolution IREE takes a config on (one with a batch dim) with output
+    channels (depthwise convolutions and pooling are not matched), or for more levels than IREE's
+    CPU config has. `translation_info` is IREE's own for the op (default: the
+    convolution pipeline without options)."""
+    if (op.kind != "convolution" or len(levels) > 3 or not op.indexing_maps or any(r is None for r in op.loop_ranges)
+            or not iree_configures_convolution(op)):
+        return None
+    dims = op.convolution_dims()
+    if dims is None or not dims.output_channel:  # depthwise convolutions and pooling: not matched yet
+        return None
+    config = lowering_config_from_levels(levels, op.iterator_types, anchor=op.name)
+    extent = lambda ds: tuple(int(op.loop_ranges[d]) for d in ds)  # noqa: E731
+    types = [as_iree_compiles(t) for t in op.operand_element_types]
+    return ConvolutionMatcher(
+        name=name, lhs_type=types[0], rhs_type=types[1], output_type=types[-1],
+        indexing_maps=tuple(op.indexing_maps),
+        sizes=ConvolutionDims(**{role: extent(getattr(dims, role)) for role in CONVOLUTION_ROLES},
+                              strides=dims.strides, dilations=dims.dilations),
+        compilation_info=compilation_info_text(config, translation_info or translation_info_text(CONVOLUTION_PIPELINE)),
+        lowering_config=lowering_config_text(config),
+    )
+
+
+def root_matcher(op: TileableOp, levels: list, name: str, translation_info: str | None = None) -> RootMatcher | None:
+    """The matcher of a dispatch root, contraction or convolution (None: no matcher can match it)."""
+    if op.kind == "convolution":
+        return convolution_matcher(op, levels, name, translation_info)
+    return contraction_matcher(op, levels, name, translation_info)
+
+
 def _sizes(values: tuple[int, ...]) -> str:
     return "[" + ", ".join(str(v) for v in values) + "]"
 
 
-def _matcher(m: ContractionMatcher) -> str:
+def _matcher(m: RootMatcher) -> str:
     maps = ", ".join(affine_map_attribute(t) for t in m.indexing_maps)
+    if isinstance(m, ConvolutionMatcher):
+        return _convolution_matcher_text(m, maps)
     return f"""
   transform.named_sequence @match_{m.name}(%op: !transform.any_op {{transform.readonly}}) -> (!transform.any_op, !transform.any_param) {{
     %batch, %m, %n, %k = transform.iree.match.contraction %op, lhs_type = {m.lhs_type}, rhs_type = {m.rhs_type}, output_type = {m.output_type}, indexing_maps = [{maps}] : !transform.any_op -> !transform.param<i64>
@@ -119,6 +182,18 @@ def _matcher(m: ContractionMatcher) -> str:
     transform.iree.match.dims_equal %m, {_sizes(m.sizes.m)} : !transform.param<i64>
     transform.iree.match.dims_equal %n, {_sizes(m.sizes.n)} : !transform.param<i64>
     transform.iree.match.dims_equal %k, {_sizes(m.sizes.k)} : !transform.param<i64>
+    %config = transform.param.constant {m.compilation_info} -> !transform.any_param
+    transform.yield %op, %config : !transform.any_op, !transform.any_param
+  }}"""
+
+
+def _convolution_matcher_text(m: ConvolutionMatcher, maps: str) -> str:
+    groups = (*CONVOLUTION_ROLES, "strides", "dilations")
+    checks = "".join(f"\n    transform.iree.match.dims_equal %{g}, {_sizes(getattr(m.sizes, g))} : !transform.param<i64>"
+                     for g in groups)
+    return f"""
+  transform.named_sequence @match_{m.name}(%op: !transform.any_op {{transform.readonly}}) -> (!transform.any_op, !transform.any_param) {{
+    {", ".join("%" + g for g in groups)} = transform.iree.match.convolution %op, lhs_type = {m.lhs_type}, rhs_type = {m.rhs_type}, output_type = {m.output_type}, indexing_maps = [{maps}] : !transform.any_op -> !transform.param<i64>{checks}
     %config = transform.param.constant {m.compilation_info} -> !transform.any_param
     transform.yield %op, %config : !transform.any_op, !transform.any_param
   }}"""
@@ -152,7 +227,7 @@ def why_no_spec(graph: OpGraph, plan: Plan) -> str:
     return "the plan configures no contraction: " + ", ".join(sorted({f"{op.name} ({op.kind})" for op in anchors}))
 
 
-def tuning_spec(matchers: list[ContractionMatcher]) -> str:
+def tuning_spec(matchers: list[RootMatcher]) -> str:
     """The spec module's text, as MLIR prints it after parsing it."""
     if not matchers:
         raise ValueError("a tuning spec with no matcher: IREE requires its entry point to be one foreach_match")

@@ -70,6 +70,7 @@ class DispatchConfig:
 
     entry: str
     ops: tuple[tuple[str, str | None], ...]
+    translation_info: str | None = None  # the function's: IREE's pipeline (and its options) for it
 
 
 def dispatch_configs(configs_dir: Path) -> dict[str, DispatchConfig]:
@@ -84,7 +85,8 @@ def dispatch_configs(configs_dir: Path) -> dict[str, DispatchConfig]:
                     (o.name, str(o.attributes["lowering_config"]) if "lowering_config" in o.attributes else None)
                     for o in _walk(function, lambda o: o.name.startswith(_STRUCTURED_PREFIX) and o.name != "linalg.yield")
                 )
-                out[entry] = DispatchConfig(entry, ops)
+                translation = function.attributes["translation_info"] if "translation_info" in function.attributes else None
+                out[entry] = DispatchConfig(entry, ops, None if translation is None else str(translation))
     return out
 
 

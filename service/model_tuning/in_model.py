@@ -24,7 +24,7 @@ from pathlib import Path
 
 from service.measure.dispatch_profile import DispatchTime, profile_dispatches
 from service.measure.tools import ToolFailure
-from service.measure.tuning_spec import ContractionMatcher, tuning_spec
+from service.measure.tuning_spec import RootMatcher, tuning_spec
 from service.measure.whole_model import canonical_attribute, compile_model, dispatch_configs
 from service.search.guard import MEASURED_MARGIN
 
@@ -35,7 +35,7 @@ class RootUnderTest:
 
     dispatches: dict[str, int]  # dispatch function -> calls per model run
     root_index: int  # the root's position among its dispatch's structured ops (as dumps list them)
-    matchers: Sequence[ContractionMatcher]  # one per plan, in predicted order; names unique per root
+    matchers: Sequence[RootMatcher]  # one per plan, in predicted order; names unique per root
 
 
 @dataclass

@@ -3,8 +3,10 @@ one tuning spec that IREE is shown to apply.
 
 1. IREE forms the dispatches (`service.measure.whole_model.executable_sources`); each becomes a
    plain module over tensors (`service.ir.dispatch`), weighted by how often the model runs it.
-2. A dispatch is tuned when its root is a contraction (IREE's CPU backend takes a forced
-   `compilation_info` there); every other dispatch is left to IREE with the reason.
+2. A dispatch is tuned when its root is a contraction, or a convolution with a batch dim (IREE's
+   CPU backend takes a forced `compilation_info` on both); every other dispatch is left to IREE
+   with the reason. A convolution's config ships only when measured (`measure_top`): the cost
+   model ranks its candidates but was never checked against measured convolutions.
 3. The search budget is spread by the gradient task scheduler (`service.search.task_scheduler`):
    each slice is one more `tune` of one dispatch, warm-started from its best plan so far.
    IREE's own default config of each root (from the model compiled once without a spec) is
@@ -12,7 +14,8 @@ one tuning spec that IREE is shown to apply.
    predicted faster than that default by a margin (`service.search.guard`); with `measure_top`, measured
    faster inside the model (`in_model.py`), and the whole model with the spec too.
 4. The best plan's root group becomes a `compilation_info`, and the dispatch's root a contraction
-   matcher (`service.measure.tuning_spec`). Roots that two dispatches share get one matcher.
+   or convolution matcher (`service.measure.tuning_spec`). Roots that two dispatches share get
+   one matcher.
 5. The model is compiled with the spec, and IREE's configuration dumps must show every tuned
    root with the spec's config and every other dispatch as IREE's default build had it.
 """
@@ -37,10 +40,10 @@ from service.ir.graph import OpGraph, TileableOp
 from service.ir.plan import Plan
 from service.measure.dispatch_profile import DispatchTime
 from service.measure.forcing import NotMeasurable, write_inputs
-from service.measure.lowering import convolution_not_configured
+from service.measure.lowering import convolution_not_configured, iree_configures_convolution
 from service.measure.timing import Measurement
 from service.measure.tools import ToolFailure, host_translation_info, iree_version
-from service.measure.tuning_spec import ContractionMatcher, contraction_matcher, symbol_part, tuning_spec
+from service.measure.tuning_spec import RootMatcher, root_matcher, symbol_part, tuning_spec
 from service.measure.whole_model import (
     DispatchConfig,
     canonical_attribute,
@@ -61,6 +64,10 @@ from service.search.task_scheduler import TaskState, schedule
 from .in_model import RootUnderTest, confirm_in_model, time_in_model, whole_build_choice
 
 ProgressFn = Callable[[str, int, int], None]  # (dispatch name, slices done, slices in all)
+UNMEASURED_CONVOLUTION = ("a convolution's config ships only when measured faster inside the model (--measure-top K): "
+                          "the cost model is unchecked on convolutions; IREE's own config is kept")
+_UNTIMED_CONVOLUTION = ("no plan of this convolution could be timed inside the model, and a convolution's config ships "
+                        "only when measured faster; IREE's own config is kept")
 _SLICE = 32  # evaluations per scheduler slice
 
 
@@ -167,7 +174,8 @@ class ModelTuneReport(BaseModel):
 
 
 class _Candidate:
-    """A dispatch the search takes: its module, graph and contraction root."""
+    """A dispatch the search takes: its module, graph and root (a contraction, or a convolution
+    IREE takes a config on)."""
 
     def __init__(self, dispatch: Dispatch, graph: OpGraph, root: TileableOp, fingerprint: str) -> None:
         self.dispatch = dispatch
@@ -188,6 +196,7 @@ class _Candidate:
         self.default_measured_s: float | None = None
         self.left: str | None = None  # why the guard leaves it to IREE
         self.note: str | None = None  # what measuring decided, when it ships
+        self.translation: str | None = None  # IREE's translation_info of the dispatch (its default build)
 
 
 def _classify(dispatch: Dispatch) -> tuple[_Candidate | None, DispatchReport]:
@@ -205,9 +214,18 @@ def _classify(dispatch: Dispatch) -> tuple[_Candidate | None, DispatchReport]:
     kinds = {op.kind for op in graph.ops.values()}
     contractions = [op for op in graph.ops.values() if op.kind == "contraction"]
     if "convolution" in kinds:
-        conv = next(op for op in graph.ops.values() if op.kind == "convolution")
-        why = convolution_not_configured(conv)
-        report.root_op, report.reason = conv.name, f"convolution: {why}; IREE's own config is kept"
+        convolutions = [op for op in graph.ops.values() if op.kind == "convolution"]
+        conv = convolutions[0]
+        report.root_op = conv.name
+        if not iree_configures_convolution(conv):
+            report.reason = f"convolution: {convolution_not_configured(conv)}; IREE's own config is kept"
+        elif len(convolutions) + len(contractions) > 1:
+            report.reason = (f"{len(convolutions)} convolutions and {len(contractions)} contractions: tilesearch forces "
+                             "configs on dispatches with one root")
+        elif not graph.has_static_shapes():
+            report.reason = "dynamic shapes"
+        else:
+            return _Candidate(dispatch, graph, conv, analysis.fingerprint), report
         return None, report
     if len(contractions) != 1:
         named = sorted(kinds) or ["no structured op"]
@@ -224,14 +242,20 @@ def _classify(dispatch: Dispatch) -> tuple[_Candidate | None, DispatchReport]:
 
 
 def classify_dispatches(model: Path, workdir: Path) -> tuple[list[Dispatch], list[DispatchReport]]:
-    """IREE's dispatches of `model`: those tilesearch tunes (one static contraction root, as
-    `tune_model` searches them) and a report for each of the others saying why not.
+    """IREE's dispatches of `model`: those a job tunes one by one (one static contraction root)
+    and a report for each of the others saying why not. A job's items are decided alone, so a
+    convolution, whose config ships only when measured inside the whole model, is left out.
     Raises ModelInputError when IREE cannot compile the model."""
     with refused_as(f"IREE cannot compile {model.name}"):
         sources = executable_sources(model, workdir / "sources.mlir")
     tunable, left = [], []
     for dispatch in _dispatches(sources, model):
         candidate, report = _classify(dispatch)
+        if candidate is not None and candidate.root.kind == "convolution":
+            report.reason = ("convolution: a job decides its items alone, and a convolution's config ships only when "
+                             "measured inside the whole model (`tilesearch model tune --measure-top K`); IREE's own "
+                             "config is kept")
+            candidate = None
         if candidate is not None:
             tunable.append(dispatch)
         else:
@@ -250,15 +274,16 @@ def _dispatches(sources: str, model: Path) -> list[Dispatch]:
 
 def _root_key(candidate: _Candidate) -> tuple | None:
     """What a matcher of this dispatch's root would check (None: no matcher can match it)."""
-    matcher = contraction_matcher(candidate.root, [], "root")
+    matcher = root_matcher(candidate.root, [], "root")
     return None if matcher is None else matcher.matched
 
 
-def _plan_matcher(c: _Candidate, plan: dict, name: str, translation_info: str | None) -> ContractionMatcher | None:
+def _plan_matcher(c: _Candidate, plan: dict, name: str, translation_info: str | None) -> RootMatcher | None:
     """The matcher of the dispatch's root with the config `plan` gives it (None: the plan leaves
-    the root untiled)."""
+    the root untiled). A convolution keeps the pipeline IREE chose for its dispatch."""
     group = next((g for g in plan.get("groups", []) if g["anchor"] == c.root.uid), None)
-    return None if group is None else contraction_matcher(c.root, group["levels"], name, translation_info)
+    translation = c.translation if c.root.kind == "convolution" else translation_info
+    return None if group is None else root_matcher(c.root, group["levels"], name, translation)
 
 
 def _structured_index(candidate: _Candidate) -> int:
@@ -306,6 +331,7 @@ def _default_build(model: Path, candidates: list[_Candidate], workdir: Path) -> 
         got, index = default.get(c.dispatch.entry), _structured_index(c)
         text = got.ops[index][1] if got is not None and index < len(got.ops) else None
         c.default_plan = iree_default_plan(c.graph, c.root, text)
+        c.translation = got.translation_info if got is not None else None
     return default
 
 
@@ -336,7 +362,8 @@ def _judge(c: _Candidate, hardware: HardwareModel) -> None:
     decided by its measurement (`_measure_in_model`)."""
     c.default_s = predicted_default_s(c.dispatch.module or "", hardware, c.default_plan)
     if c.refinement is None:
-        c.left = predicted_verdict(c.latency_s, c.default_s)
+        c.left = (_UNTIMED_CONVOLUTION if c.root.kind == "convolution"
+                  else predicted_verdict(c.latency_s, c.default_s))
 
 
 def _in_model_measurement(per_call: list[DispatchTime], error: str | None) -> Measurement:
@@ -469,7 +496,10 @@ def tune_model(model: Path, hardware: HardwareModel, spec_out: Path, *, budget: 
             sources = executable_sources(model, workdir / "sources.mlir")
         dispatches = _dispatches(sources, model)
         classified = [_classify(d) for d in dispatches]
-        candidates = [c for c, _ in classified if c is not None]
+        for c, report in classified:
+            if c is not None and c.root.kind == "convolution" and not measure_top:
+                report.reason = UNMEASURED_CONVOLUTION  # not searched: nothing would ship
+        candidates = [c for c, r in classified if c is not None and r.reason is None]
         reports = [r for _, r in classified]
         default = _default_build(model, candidates, workdir) if candidates else {}
         total = budget if budget is not None else 64 * max(1, len(candidates))
@@ -485,8 +515,8 @@ def tune_model(model: Path, hardware: HardwareModel, spec_out: Path, *, budget: 
         for c in candidates:
             _judge(c, hardware)
         lead: dict[tuple, str] = {}  # by root: the dispatch that decides for it
-        matchers: dict[tuple, ContractionMatcher] = {}
-        decided: dict[tuple | None, ContractionMatcher | str] = {}  # by root: its matcher, or why left
+        matchers: dict[tuple, RootMatcher] = {}
+        decided: dict[tuple | None, RootMatcher | str] = {}  # by root: its matcher, or why left
         tuned: dict[str, tuple[_Candidate, str]] = {}
         searches: list[DispatchSearch] = []
         by_name = {r.name: r for r in reports}

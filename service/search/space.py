@@ -42,7 +42,9 @@ ANCHOR_KINDS = ("contraction", "convolution", "reduction")
 # 13: the same plans, another answer: a single module's search on host-cpu starts from IREE's own
 #     config and answers it unless a tiled plan is predicted clearly faster (search/guard.py), so
 #     decisions stored before are searched again rather than served.
-SPACE_VERSION = "search-space/13"
+# 14: on a CPU, a convolution's vector level follows IREE's decomposition to 1-D convolutions
+#     (_decomposable_convolution).
+SPACE_VERSION = "search-space/14"
 # --------------------------------------------------------------------------- shapes
 
 
@@ -304,8 +306,8 @@ class GroupSpec:
         p[loop_knob(self.name)] = "forall"
         for d, c in self.inner_choices.items():  # untiled where the knob allows it (a batch dim: 1)
             p[tile_knob(self.name, "inner", d)] = 0 if 0 in c else min(c)
-        for d, c in self.reduction_choices.items():
-            p[tile_knob(self.name, "red", d)] = 0
+        for d, c in self.reduction_choices.items():  # untiled where the knob allows it (a filter tap: 1)
+            p[tile_knob(self.name, "red", d)] = 0 if 0 in c else min(c)
         for u in self.optional:
             p[fuse_knob(self.name, u)] = True
         return p
@@ -507,6 +509,8 @@ def build_space(graph: OpGraph, hardware: HardwareModel, shape_hints: dict[str, 
         transposed_k = op.rhs_contiguous_reduction_dim()
         if transposed_k is not None and innermost is not None:
             _one_transpose_block(spec, innermost, transposed_k, vec)
+        if op.kind == "convolution" and hardware.is_cpu:
+            _decomposable_convolution(spec, op, vec)
         groups.append(spec)
         for u in [anchor, *fixed, *[v for o in optional for v in units[o]]]:
             claimed[u] = anchor
@@ -530,6 +534,32 @@ def _one_transpose_block(spec: GroupSpec, n: int, k: int, lanes: int) -> None:
         spec.inner_choices[n] = [lanes]
     if k in spec.reduction_choices and spec.ranges[k] > lanes:
         spec.reduction_choices[k] = [lanes]
+
+
+def _decomposable_convolution(spec: GroupSpec, op: TileableOp, lanes: int) -> None:
+    """IREE's CPU convolution pipeline (ConvTileAndDecomposeExpert) decomposes each vector tile
+    of a 2-D convolution into 1-D ones, which needs the tile to span one output row and one
+    filter row (IREE's own configs: [1, 16, 1, 7] over n, f, oh, ow, and filter tiles of 1).
+    So a vector tile takes one image of the batch, one output row and one filter tap; along the
+    output row, a divisor of it up to two vectors (IREE: 7 of 28), or a whole vector; output
+    channels (when not the innermost dim, which keeps its vector choices) half a vector to two."""
+    dims = op.convolution_dims()
+    if dims is None:
+        return
+    present = lambda d: spec.ranges[d] > 1  # noqa: E731
+    ones = [*dims.batch, *dims.output_image[:-1]]
+    for d in filter(present, ones):
+        spec.inner_choices[d] = [1]
+    for d in filter(present, dims.filter_loop):
+        spec.reduction_choices[d] = [1]
+    innermost = op.parallel_dims[-1]
+    for d in filter(present, dims.output_image[-1:]):
+        extent = spec.ranges[d]
+        spec.inner_choices[d] = sorted({x for x in range(1, min(extent, 2 * lanes) + 1) if extent % x == 0 and x < extent}
+                                       | ({lanes} if lanes < extent else set()))
+    for d in filter(present, dims.output_channel):
+        if d != innermost:
+            spec.inner_choices[d] = sorted({x for x in (lanes // 2, lanes, 2 * lanes) if 0 < x < spec.ranges[d]}) or [0]
 
 
 def standalone_group(graph: OpGraph, uid: int, shapes: ShapeContext, hardware: HardwareModel) -> Group | None:
