@@ -136,12 +136,27 @@ def test_forcing_a_plan_configures_its_contraction_and_leaves_other_anchors_to_i
         force_plan(text, {"groups": [plan["groups"][1]]})
 
 
-def test_convolution_is_refused_not_faked():
+def test_a_convolution_without_a_batch_dim_is_refused_not_faked():
     text = (WORKLOADS / "conv_relu.mlir").read_text()
     plan = {"groups": [{"anchor": ("linalg.conv_2d_nhwc_hwcf", 0), "fuse": [],
                         "levels": [{"tile_sizes": [1, 8, 8, 32, 0, 0, 0]}]}]}
     with pytest.raises(NotMeasurable, match="without a batch dim"):
         measure_plan(text, plan, settings=FAST)
+
+
+@pytest.mark.slow
+def test_a_batched_convolution_is_measured_under_its_forced_config():
+    """IREE keeps a config forced on a batched convolution, with its convolution pipeline: the
+    measurement is the plan's (the config IREE dumped is the forced one), not IREE's default."""
+    levels = [[1, 16, 4, 8, 0, 0, 0], [1, 8, 1, 8, 0, 0, 0], [0, 0, 0, 0, 4, 1, 1]]
+    plan = {"groups": [{"anchor": ("linalg.conv_2d_nchw_fchw", 0), "fuse": [],
+                        "levels": [{"tile_sizes": t} for t in levels]}]}
+    text = nchw_conv_module(2, c_in=16, c_out=32, size=16)
+    assert "ConvTileAndDecomposeExpert" in force_plan(text, plan).text
+    m = measure_plan(text, plan, settings=FAST)
+    assert m.ok, m.error
+    (config,) = m.config
+    assert [config.distribution, config.vector_common_parallel, config.vector_reduction] == levels
 
 
 @pytest.mark.parametrize("batch, kept", [(1, False), (2, True)])

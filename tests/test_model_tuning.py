@@ -325,3 +325,22 @@ def test_by_prediction_the_dispatch_gaining_most_decides_for_its_root_on_the_gro
         mp.setattr(tune, "_root_key", lambda c: ("root",))
         tune._leads_first([candidate("d4", 1, 1.7e-3, 1.69e-3), slow])
     assert slow.left.startswith("IREE's default predicted as fast") and "summed over the 2 dispatches" in slow.left
+
+
+def test_a_batched_pooling_is_left_to_iree_saying_what_it_is(tmp_path):
+    """A max pool is a convolution to MLIR (no output channels); a new user's trial saw one
+    reported as waiting for --measure-top while --measure-top was given."""
+    model = tmp_path / "pool.mlir"
+    model.write_text("""
+func.func @main(%x: tensor<4x16x18x18xf32>) -> tensor<4x16x16x16xf32> {
+  %low = arith.constant -3.4e38 : f32
+  %e = tensor.empty() : tensor<4x16x16x16xf32>
+  %c = linalg.fill ins(%low : f32) outs(%e : tensor<4x16x16x16xf32>) -> tensor<4x16x16x16xf32>
+  %k = tensor.empty() : tensor<3x3xf32>
+  %r = linalg.pooling_nchw_max {dilations = dense<1> : tensor<2xi64>, strides = dense<1> : tensor<2xi64>}
+       ins(%x, %k : tensor<4x16x18x18xf32>, tensor<3x3xf32>) outs(%c : tensor<4x16x16x16xf32>) -> tensor<4x16x16x16xf32>
+  return %r : tensor<4x16x16x16xf32>
+}""")
+    report = tune_model(model, get_profile("host-cpu"), tmp_path / "spec.mlir", budget=8, measure_top=1)
+    (pool,) = report.dispatches
+    assert not pool.tuned and "pooling or depthwise" in pool.reason

@@ -4,8 +4,8 @@ The attribute is set with the real MLIR bindings on the op each group anchors; t
 the module text iree-compile gets, the function to time and its arguments (shapes from the
 module, or from shape hints for dynamic dims), and the input files the benchmark reads.
 
-Ops whose forced config IREE ignores (convolutions in this version) raise `NotMeasurable`
-instead of producing a measurement of IREE's own config under the plan's name.
+Ops whose forced config IREE ignores (convolutions without a batch dim in this version) raise
+`NotMeasurable` instead of producing a measurement of IREE's own config under the plan's name.
 """
 
 from __future__ import annotations
@@ -24,17 +24,16 @@ from service.ir.mlir import attribute_names, context, ir
 
 from .lowering import (
     CONFIGURABLE_KINDS,
+    CONVOLUTION_PIPELINE,
     LoweringConfig,
     as_iree_compiles,
     compilation_info_text,
     convolution_not_configured,
+    iree_configures_convolution,
     lowering_config_from_levels,
+    translation_info_text,
 )
 from .tools import host_translation_info
-
-# Named convolutions are not forced (other ops IREE ignores a config on are caught after
-# compiling, by comparing with the configs IREE dumps).
-_IGNORED_CONFIG_PREFIXES = ("linalg.conv_", "linalg.depthwise_conv_")
 
 _NUMPY_DTYPES = {
     "f16": np.float16,
@@ -199,8 +198,10 @@ def force_plan(
     """Parse `module_text`, set each group's config as `compilation_info` on its anchor op.
 
     A group's `anchor` is an AnchorRef. `translation_info` defaults to the one IREE's own config uses on this host
-    (host_translation_info), so that only the tile sizes differ from IREE's default.
-    Raises NotMeasurable for anchors whose config IREE would silently drop.
+    (host_translation_info), so that only the tile sizes differ from IREE's default; a convolution
+    takes IREE's convolution pipeline. Raises NotMeasurable for anchors whose config IREE would
+    silently drop (other ops IREE ignores a config on are caught after compiling, by comparing
+    with the configs IREE dumps).
     """
     translation_info = translation_info or host_translation_info()
     with context():
@@ -210,14 +211,16 @@ def force_plan(
         for group in _groups(plan):
             op = find_anchor(module, group["anchor"])
             described = describe_op(op, uid=-1)
-            if op.name.startswith(_IGNORED_CONFIG_PREFIXES):
+            convolution = described.kind == "convolution"
+            if convolution and not iree_configures_convolution(described):
                 why = convolution_not_configured(described)
                 raise NotMeasurable(f"{op.name}: a forced convolution plan cannot be measured: {why}")
             if described.kind not in CONFIGURABLE_KINDS:
                 continue  # IREE's CPU backend takes tile sizes for its root op only: it tiles this one itself
             label = f"{group['anchor']} ({op.name})"
             config = lowering_config_from_levels(group["levels"], described.iterator_types, anchor=label)
-            op.attributes["compilation_info"] = ir.Attribute.parse(compilation_info_text(config, translation_info))
+            pipeline = translation_info_text(CONVOLUTION_PIPELINE) if convolution else translation_info
+            op.attributes["compilation_info"] = ir.Attribute.parse(compilation_info_text(config, pipeline))
             configs.append(config)
             if not described.func:
                 raise LookupError(f"{op.name} is not inside a func.func")

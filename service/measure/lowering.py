@@ -18,6 +18,8 @@ from service.ir.mlir import context, ir
 PARALLEL = "parallel"
 REDUCTION = "reduction"
 DEFAULT_PIPELINE = "DoubleTilingExpert"
+# IREE's CPU pipeline for convolutions: tiled, then decomposed to 1-D convolutions and vectorised.
+CONVOLUTION_PIPELINE = "ConvTileAndDecomposeExpert"
 
 # Op kinds (service.ir.graph) whose tiling IREE's CPU backend can be told through compilation_info.
 CONFIGURABLE_KINDS = ("contraction", "convolution")

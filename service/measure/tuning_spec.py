@@ -24,6 +24,7 @@ from service.ir.plan import Plan
 from service.ir.mlir import context, ir
 
 from .lowering import (
+    CONVOLUTION_PIPELINE,
     as_iree_compiles,
     compilation_info_text,
     convolution_not_configured,
@@ -32,9 +33,6 @@ from .lowering import (
     lowering_config_text,
     translation_info_text,
 )
-
-# IREE's CPU pipeline for convolutions: tiled, then decomposed to 1-D convolutions and vectorised.
-CONVOLUTION_PIPELINE = "ConvTileAndDecomposeExpert"
 
 
 @dataclass(frozen=True)
