@@ -2,6 +2,7 @@
 
 import re
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -304,9 +305,10 @@ def test_by_prediction_the_dispatch_gaining_most_decides_for_its_root_on_the_gro
     """A new user's LLM decode step: two dispatches with the same f16 matmul root; one's search
     found a plan 35% faster than IREE's default, the other's a tie. The tie used to decide for
     both (it was the heavier) and left both to IREE."""
-    def candidate(name, weight, latency_s, default_s):
+    def candidate(name, weight, latency_s, default_s, kind="contraction"):
         c = tune._Candidate.__new__(tune._Candidate)
         c.dispatch, c.latency_s, c.default_s, c.refinement, c.left = Dispatch(name, name, weight, None), latency_s, default_s, None, None
+        c.root = SimpleNamespace(kind=kind)
         return c
 
     tie = candidate("d0", 1, 1.690e-3, 1.694e-3)
@@ -325,6 +327,15 @@ def test_by_prediction_the_dispatch_gaining_most_decides_for_its_root_on_the_gro
         mp.setattr(tune, "_root_key", lambda c: ("root",))
         tune._leads_first([candidate("d4", 1, 1.7e-3, 1.69e-3), slow])
     assert slow.left.startswith("IREE's default predicted as fast") and "summed over the 2 dispatches" in slow.left
+    # A convolution ships only measured: two unmeasured dispatches of one convolution root keep
+    # their verdict, however much faster their plan is predicted (a helper's trial shipped one).
+    convs = [candidate("c0", 1, 1e-3, 2e-3, "convolution"), candidate("c1", 1, 1e-3, 2e-3, "convolution")]
+    for c in convs:
+        c.left = tune._UNTIMED_CONVOLUTION
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(tune, "_root_key", lambda c: ("conv",))
+        tune._leads_first(convs)
+    assert all(c.left == tune._UNTIMED_CONVOLUTION for c in convs)
 
 
 def test_a_batched_pooling_is_left_to_iree_saying_what_it_is(tmp_path):

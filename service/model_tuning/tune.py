@@ -164,7 +164,7 @@ class ModelTuneReport(BaseModel):
     def summary(self) -> dict:
         return {"dispatches": [d.model_dump(include={"name", "fingerprint", "weight", "root_op", "tuned", "reason",
                                                      "predicted_s", "config", "iree_default", "iree_default_predicted_s",
-                                                     "measured_s", "iree_default_measured_s"})
+                                                     "measured_s", "iree_default_measured_s", "evaluations"})
                                for d in self.dispatches],
                 "spec": self.spec, "verified": self.verified,
                 "predicted_total_s": self.predicted_total_s if any(d.tuned for d in self.dispatches) else None,
@@ -454,13 +454,15 @@ def _leads_first(ranked: list[_Candidate]) -> list[_Candidate]:
     sharing the root (one matcher matches them all). Measured, the heaviest decides (its
     measurement covered all of them). By prediction, the one whose plan gains most over IREE's
     default, weighted by its calls (the same root: its plan is as good for the others), and the
-    guard weighs the group's summed prediction, not the lead's alone."""
+    guard weighs the group's summed prediction, not the lead's alone. A convolution is never
+    decided by prediction: its group keeps the verdict `_judge` gave it."""
     groups: dict[object, list[_Candidate]] = {}
     for c in ranked:
         groups.setdefault(_root_key(c) or id(c), []).append(c)
     out: list[_Candidate] = []
     for members in groups.values():
-        predicted = [m for m in members if m.latency_s is not None and m.default_s is not None]
+        predicted = [m for m in members if m.latency_s is not None and m.default_s is not None
+                     and m.root.kind != "convolution"]
         if len(members) > 1 and len(predicted) == len(members) and all(m.refinement is None for m in members):
             best = max(members, key=lambda m: m.dispatch.weight * (m.default_s - m.latency_s))
             members = [best, *(m for m in members if m is not best)]
