@@ -402,15 +402,38 @@ class Analyzer:
 
     def _carried_acc_bytes(self, op, node: Node) -> int:
         """Accumulator bytes of a reducing op whose inits are iter_args of its own scf.for."""
-        if node.kind != "for" or node.op is None or opname(node.op) != "scf.for":
+        if not self._carried_inits(dps_inits(op), node):
             return 0
-        body = node.op.regions[0].blocks[0]
         inits = dps_inits(op)
-        roots = [through_slices(v) for v in inits]  # tiling leaves a full-size slice of the iter_arg
-        carried = [v for v in roots if isinstance(v, ir.BlockArgument) and v.owner == body and v.arg_number > 0]
-        if not inits or len(carried) != len(inits):
-            return 0
         return sum(self.bytes_of(v) for v in inits) + sum(self.bytes_of(r) for r in op.results)
+
+    @staticmethod
+    def _carried_inits(inits, node: Node, sliced: bool = True) -> list | None:
+        """The inits' positions among the iter_args of `node`'s scf.for when every init is one
+        (`sliced`: through its slices, as tiling leaves a full-size slice of the iter_arg);
+        None otherwise."""
+        if not inits or node.kind != "for" or node.op is None or opname(node.op) != "scf.for":
+            return None
+        body = node.op.regions[0].blocks[0]
+        roots = [through_slices(v) for v in inits] if sliced else inits
+        if not all(isinstance(v, ir.BlockArgument) and v.owner == body and v.arg_number > 0 for v in roots):
+            return None
+        return [v.arg_number - 1 for v in roots]
+
+    def _accumulator_loop(self, op, node: Node) -> Node:
+        """The outermost loop of the reduction nest that carries the op's accumulator: each
+        scf.for whose iter_args hold it, from the op's own up through inits that are the
+        enclosing loop's iter_args (a convolution tiled along channels and both filter dims
+        carries it through three loops; the compiler keeps it in registers across all of them)."""
+        positions = self._carried_inits(dps_inits(op), node)
+        while positions is not None and node.parent is not None:
+            # An enclosing loop carries the same tile only when it hands its iter_arg on whole:
+            # a parallel loop's iter_arg is the whole output, sliced per trip.
+            loop_inits = dps_inits(node.op)
+            positions = self._carried_inits([loop_inits[i] for i in positions], node.parent, sliced=False)
+            if positions is not None:
+                node = node.parent
+        return node
 
     def _compute(self, op, node: Node, operands, shapes, ranges, reduction, parallel, typed) -> Compute:
         """One execution of `op` over `ranges`; `typed` gives the element type (None: f32)."""
@@ -428,6 +451,7 @@ class Analyzer:
             operand_bytes=sum(self.bytes_of(o, s) for o, s in zip(operands, shapes)) + sum(self.bytes_of(r) for r in op.results),
             node=node,
             carried_acc_bytes=self._carried_acc_bytes(op, node) if reduction else 0,
+            accumulator_loop=self._accumulator_loop(op, node) if reduction else None,
         )
 
 

@@ -42,6 +42,9 @@ class Compute:
     # Bytes of the accumulator (init operand + result) when it is carried by the enclosing
     # scf.for (iter_args, the reduction loop of a tiled contraction); 0 otherwise.
     carried_acc_bytes: int = 0
+    # The outermost loop of the reduction nest that carries that accumulator (its own scf.for,
+    # or one enclosing it whose iter_args feed it): the accumulator lives across all its trips.
+    accumulator_loop: "Node | None" = None
     # Rows of the register tile in the operand broadcast along the innermost parallel dim (A of
     # a matmul): (tile extent, byte stride in its whole tensor) per row dim; () if none.
     lhs_rows: tuple[tuple[int, int], ...] = ()

@@ -95,18 +95,22 @@ def _compute_work(nodes: list[Node], band: dict[int, int], hw: HardwareModel, re
             f = runs * c.points * c.flops_per_point
             flops += f
             inner_traffic += runs * c.operand_bytes
-            if c.carried_acc_bytes and n.kind != "root":
+            carried = bool(c.carried_acc_bytes) and n.kind != "root"
+            # The loops carrying the accumulator (its own scf.for, and any enclosing one whose
+            # iter_args feed it) run `acc_trips` steps per run of the outermost of them.
+            carry_runs = (c.accumulator_loop or n).executions if carried else runs
+            if carried:
                 # The compiler keeps a loop-carried accumulator in registers across the
-                # reduction loop (IREE hoists its transfer_read/write): it moves once per loop
-                # run, plus what spills past the register file every step.
+                # reduction loops (IREE hoists its transfer_read/write): it moves once per run of
+                # the outermost, plus what spills past the register file every step.
                 spilled = spilled_fraction(c, hw)
-                inner_traffic -= (runs - n.executions) * c.carried_acc_bytes * (1.0 - spilled)
+                inner_traffic -= (runs - carry_runs) * c.carried_acc_bytes * (1.0 - spilled)
             if c.uid is not None:
                 per_uid[c.uid] = per_uid.get(c.uid, 0.0) + f
             lanes = compute_lanes(c, hw)
             last = c.parallel_tile[-1] if c.parallel_tile else 1
-            # A carried accumulator lives through every trip of the loop that carries it.
-            acc_trips = n.trips if c.carried_acc_bytes and n.kind != "root" else 1
+            # A carried accumulator lives through every trip of the loops that carry it.
+            acc_trips = max(1, runs // carry_runs) if carried else 1
             weighted_lane_use += f * (last / (math.ceil(last / lanes) * lanes)) * microkernel_efficiency(c, band[n.id], hw, acc_trips)
             if f and c.flops_per_point:
                 elem_type = c.element_type
