@@ -135,15 +135,14 @@ def contraction_matcher(op: TileableOp, levels: list, name: str, translation_inf
 
 def convolution_matcher(op: TileableOp, levels: list, name: str, translation_info: str | None = None) -> ConvolutionMatcher | None:
     """The matcher of a convolution op with the config its plan levels give it; None for an op
-    that is not a static convolution IREE takes a config on (one with a batch dim) with output
-    channels (depthwise convolutions and pooling are not matched), or for more levels than IREE's
-    CPU config has. `translation_info` is IREE's own for the op (default: the
+    that is not a static convolution IREE takes a config on (one with a batch dim), for pooling
+    (no output or depthwise channels), or for more levels than IREE's CPU config has. `translation_info` is IREE's own for the op (default: the
     convolution pipeline without options)."""
     if (op.kind != "convolution" or len(levels) > 3 or not op.indexing_maps or any(r is None for r in op.loop_ranges)
             or not iree_configures_convolution(op)):
         return None
     dims = op.convolution_dims()
-    if dims is None or not dims.output_channel:  # depthwise convolutions and pooling: not matched yet
+    if dims is None or not (dims.output_channel or dims.depth):  # pooling: no channels of its own
         return None
     config = lowering_config_from_levels(levels, op.iterator_types, anchor=op.name)
     extent = lambda ds: tuple(int(op.loop_ranges[d]) for d in ds)  # noqa: E731

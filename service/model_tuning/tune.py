@@ -219,9 +219,9 @@ def _classify(dispatch: Dispatch) -> tuple[_Candidate | None, DispatchReport]:
         report.root_op = conv.name
         if not iree_configures_convolution(conv):
             report.reason = f"convolution: {convolution_not_configured(conv)}; IREE's own config is kept"
-        elif (dims := conv.convolution_dims()) is None or not dims.output_channel:
-            report.reason = ("a pooling or depthwise convolution (no output channels): tilesearch configures "
-                             "convolutions with output channels only; IREE's own config is kept")
+        elif (dims := conv.convolution_dims()) is None or not (dims.output_channel or dims.depth):
+            report.reason = ("a pooling op (a window over each channel, no filter): tilesearch configures "
+                             "convolutions only; IREE's own config is kept")
         elif len(convolutions) + len(contractions) > 1:
             report.reason = (f"{len(convolutions)} convolutions and {len(contractions)} contractions: tilesearch forces "
                              "configs on dispatches with one root")

@@ -542,7 +542,9 @@ def _decomposable_convolution(spec: GroupSpec, op: TileableOp, lanes: int) -> No
     filter row (IREE's own configs: [1, 16, 1, 7] over n, f, oh, ow, and filter tiles of 1).
     So a vector tile takes one image of the batch, one output row and one filter tap; along the
     output row, a divisor of it up to two vectors (IREE: 7 of 28), or a whole vector; output
-    channels (when not the innermost dim, which keeps its vector choices) half a vector to two."""
+    channels (when not the innermost dim, which keeps its vector choices) half a vector to two.
+    A depthwise convolution may keep its filter row whole (IREE's own: [1, 1, 4, 16] over n, oh,
+    ow, c with filter tiles [1, 3]), its channels taking the output channels' choices."""
     dims = op.convolution_dims()
     if dims is None:
         return
@@ -550,14 +552,16 @@ def _decomposable_convolution(spec: GroupSpec, op: TileableOp, lanes: int) -> No
     ones = [*dims.batch, *dims.output_image[:-1]]
     for d in filter(present, ones):
         spec.inner_choices[d] = [1]
-    for d in filter(present, dims.filter_loop):
+    for d in filter(present, dims.filter_loop[:-1]):
         spec.reduction_choices[d] = [1]
+    for d in filter(present, dims.filter_loop[-1:]):
+        spec.reduction_choices[d] = [1] if dims.output_channel else [0, 1]
     innermost = op.parallel_dims[-1]
     for d in filter(present, dims.output_image[-1:]):
         extent = spec.ranges[d]
         spec.inner_choices[d] = sorted({x for x in range(1, min(extent, 2 * lanes) + 1) if extent % x == 0 and x < extent}
                                        | ({lanes} if lanes < extent else set()))
-    for d in filter(present, dims.output_channel):
+    for d in filter(present, dims.output_channel or dims.depth):
         if d != innermost:
             spec.inner_choices[d] = sorted({x for x in (lanes // 2, lanes, 2 * lanes) if 0 < x < spec.ranges[d]}) or [0]
 
