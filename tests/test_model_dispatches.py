@@ -282,3 +282,20 @@ func.func @pool(%x: tensor<2x16x18x18xf32>) -> tensor<2x16x16x16xf32> {
   return %r : tensor<2x16x16x16xf32>
 }"""
     assert root_matcher(_convolution(pooling), CONV_LEVELS[:2], "p") is None
+
+
+@pytest.mark.parametrize("batch, honoured", [(1, False), (2, True)])
+def test_a_convolution_anchor_gets_irees_convolution_pipeline_and_says_whether_iree_keeps_it(batch, honoured):
+    """A decision's compilation_info for a convolution: IREE's convolution pipeline (not the
+    matmuls' DoubleTilingExpert), honoured by IREE 3.13 only with a batch dim."""
+    from _shared import nchw_conv_module
+
+    from service.ir.plan import Plan
+    from service.tiling.worker import compilation_infos
+
+    graph = analyze(nchw_conv_module(batch)).graph
+    conv = next(op for op in graph.ops.values() if op.kind == "convolution")
+    plan = Plan.model_validate({"groups": [{"anchor": conv.uid, "fuse": [], "levels": CONV_LEVELS}]})
+    (info,) = compilation_infos(graph, plan, "#iree_codegen.translation_info<pipeline = #iree_cpu.pipeline<DoubleTilingExpert>>").values()
+    assert "ConvTileAndDecomposeExpert" in info.compilation_info and "DoubleTilingExpert" not in info.compilation_info
+    assert info.honoured_by_iree is honoured

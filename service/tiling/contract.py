@@ -112,7 +112,8 @@ class AnchorCompilationInfo(_Contract):
 
     op: str
     compilation_info: str
-    # IREE silently drops compilation_info on linalg.conv_2d_* (see docs/benchmarks.md).
+    # IREE 3.13 silently drops compilation_info on a convolution without a batch dim (see
+    # docs/benchmarks.md, session 18).
     honoured_by_iree: bool
 
 

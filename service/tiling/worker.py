@@ -10,7 +10,14 @@ from service.ir.analysis import cached_analysis
 from service.ir.graph import OpGraph
 from service.ir.plan import Plan
 from service.ir.tasks import apply_plan_to_text
-from service.measure.lowering import CONFIGURABLE_KINDS, compilation_info_text, lowering_config_from_levels
+from service.measure.lowering import (
+    CONFIGURABLE_KINDS,
+    CONVOLUTION_PIPELINE,
+    compilation_info_text,
+    iree_configures_convolution,
+    lowering_config_from_levels,
+    translation_info_text,
+)
 from service.measure.tools import host_translation_info, interruptible
 from service.measure.tuning_spec import spec_for_plan, why_no_spec
 from service.search.candidate import Evaluation
@@ -61,7 +68,8 @@ def check_search_shapes(source: str, shape_hints: ShapeHints | None, buckets: Bu
 
 def compilation_infos(graph: OpGraph, plan: Plan, translation_info: str | None = None) -> dict[str, AnchorCompilationInfo]:
     """IREE `compilation_info` attribute text per contraction/convolution anchor of the plan,
-    with `translation_info` (default: the pipeline without options)."""
+    with `translation_info` (default: the pipeline without options); a convolution's with IREE's
+    convolution pipeline, honoured when it has a batch dim (IREE 3.13 drops it otherwise)."""
     out = {}
     for group in plan.groups:
         op = graph.op(group.anchor)
@@ -69,10 +77,12 @@ def compilation_infos(graph: OpGraph, plan: Plan, translation_info: str | None =
             continue
         levels = [level.model_dump() for level in group.levels]
         config = lowering_config_from_levels(levels, op.iterator_types, anchor=op.name)
+        convolution = op.kind == "convolution"
         out[str(op.uid)] = AnchorCompilationInfo(
             op=op.name,
-            compilation_info=compilation_info_text(config, translation_info),
-            honoured_by_iree=op.kind == "contraction",
+            compilation_info=compilation_info_text(
+                config, translation_info_text(CONVOLUTION_PIPELINE) if convolution else translation_info),
+            honoured_by_iree=iree_configures_convolution(op) if convolution else True,
         )
     return out
 
