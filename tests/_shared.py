@@ -233,6 +233,35 @@ func.func @main(%x: {x}, %w: {w}) -> {y} {{
   return %r : {y}
 }}"""
 
+def nhwc_depthwise_module(batch: int, size: int = 16, channels: int = 32) -> str:
+    """A 3x3 `linalg.depthwise_conv_2d_nhwc_hwc` (MobileNet's), input pre-padded."""
+    x, w, y = (f"tensor<{batch}x{size + 2}x{size + 2}x{channels}xf32>", f"tensor<3x3x{channels}xf32>",
+               f"tensor<{batch}x{size}x{size}x{channels}xf32>")
+    return f"""
+func.func @dw(%x: {x}, %w: {w}) -> {y} {{
+  %z = arith.constant 0.0 : f32
+  %e = tensor.empty() : {y}
+  %c = linalg.fill ins(%z : f32) outs(%e : {y}) -> {y}
+  %r = linalg.depthwise_conv_2d_nhwc_hwc {{dilations = dense<1> : tensor<2xi64>, strides = dense<1> : tensor<2xi64>}}
+       ins(%x, %w : {x}, {w}) outs(%c : {y}) -> {y}
+  return %r : {y}
+}}"""
+
+
+def nchw_max_pool_module(batch: int, channels: int = 16, size: int = 16) -> str:
+    """A 3x3 `linalg.pooling_nchw_max`: a convolution to MLIR, with a window and no filter."""
+    x, y = f"tensor<{batch}x{channels}x{size + 2}x{size + 2}xf32>", f"tensor<{batch}x{channels}x{size}x{size}xf32>"
+    return f"""
+func.func @main(%x: {x}) -> {y} {{
+  %low = arith.constant -3.4e38 : f32
+  %e = tensor.empty() : {y}
+  %c = linalg.fill ins(%low : f32) outs(%e : {y}) -> {y}
+  %k = tensor.empty() : tensor<3x3xf32>
+  %r = linalg.pooling_nchw_max {{dilations = dense<1> : tensor<2xi64>, strides = dense<1> : tensor<2xi64>}}
+       ins(%x, %k : {x}, tensor<3x3xf32>) outs(%c : {y}) -> {y}
+  return %r : {y}
+}}"""
+
 # A small matmul with three distinct dims IREE compiles in a second or two, for the tests that
 # store real IREE measurements.
 MATMUL_64X96X80 = """

@@ -254,33 +254,16 @@ def test_a_convolution_matcher_checks_every_dim_group_as_iree_infers_them():
 
 
 def test_no_convolution_matcher_for_one_iree_drops_a_config_on_or_a_pooling_one():
-    from _shared import nchw_conv_module
+    from _shared import nchw_conv_module, nchw_max_pool_module, nhwc_depthwise_module
 
     from service.measure.tuning_spec import convolution_matcher, root_matcher
 
     assert convolution_matcher(_convolution(nchw_conv_module(1)), CONV_LEVELS, "c") is None  # unit batch: stripped
-    depthwise = """
-func.func @dw(%x: tensor<2x18x18x32xf32>, %w: tensor<3x3x32xf32>) -> tensor<2x16x16x32xf32> {
-  %z = arith.constant 0.0 : f32
-  %e = tensor.empty() : tensor<2x16x16x32xf32>
-  %c = linalg.fill ins(%z : f32) outs(%e : tensor<2x16x16x32xf32>) -> tensor<2x16x16x32xf32>
-  %r = linalg.depthwise_conv_2d_nhwc_hwc {dilations = dense<1> : tensor<2xi64>, strides = dense<1> : tensor<2xi64>}
-       ins(%x, %w : tensor<2x18x18x32xf32>, tensor<3x3x32xf32>) outs(%c : tensor<2x16x16x32xf32>) -> tensor<2x16x16x32xf32>
-  return %r : tensor<2x16x16x32xf32>
-}"""
+    depthwise = nhwc_depthwise_module(2)
     levels = [{"tile_sizes": [1, 8, 16, 32, 0, 0]}, {"tile_sizes": [1, 1, 8, 16, 0, 0]}, {"tile_sizes": [0, 0, 0, 0, 1, 3]}]
     m = root_matcher(_convolution(depthwise), levels, "d")
     assert m.sizes.depth == (32,) and m.sizes.output_channel == () and m.sizes.filter_loop == (3, 3)
-    pooling = """
-func.func @pool(%x: tensor<2x16x18x18xf32>) -> tensor<2x16x16x16xf32> {
-  %low = arith.constant -3.4e38 : f32
-  %e = tensor.empty() : tensor<2x16x16x16xf32>
-  %c = linalg.fill ins(%low : f32) outs(%e : tensor<2x16x16x16xf32>) -> tensor<2x16x16x16xf32>
-  %k = tensor.empty() : tensor<3x3xf32>
-  %r = linalg.pooling_nchw_max {dilations = dense<1> : tensor<2xi64>, strides = dense<1> : tensor<2xi64>}
-       ins(%x, %k : tensor<2x16x18x18xf32>, tensor<3x3xf32>) outs(%c : tensor<2x16x16x16xf32>) -> tensor<2x16x16x16xf32>
-  return %r : tensor<2x16x16x16xf32>
-}"""
+    pooling = nchw_max_pool_module(2)
     assert root_matcher(_convolution(pooling), CONV_LEVELS[:2], "p") is None
 
 

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from _shared import SHARED, nchw_conv_module, needs_avx512, tuning_every_dispatch
+from _shared import SHARED, nchw_conv_module, nchw_max_pool_module, needs_avx512, tuning_every_dispatch
 
 from service.hardware.profiles import get_profile
 from service.measure.lowering import lowering_config_of
@@ -342,16 +342,7 @@ def test_a_batched_pooling_is_left_to_iree_saying_what_it_is(tmp_path):
     """A max pool is a convolution to MLIR (no output channels); a new user's trial saw one
     reported as waiting for --measure-top while --measure-top was given."""
     model = tmp_path / "pool.mlir"
-    model.write_text("""
-func.func @main(%x: tensor<4x16x18x18xf32>) -> tensor<4x16x16x16xf32> {
-  %low = arith.constant -3.4e38 : f32
-  %e = tensor.empty() : tensor<4x16x16x16xf32>
-  %c = linalg.fill ins(%low : f32) outs(%e : tensor<4x16x16x16xf32>) -> tensor<4x16x16x16xf32>
-  %k = tensor.empty() : tensor<3x3xf32>
-  %r = linalg.pooling_nchw_max {dilations = dense<1> : tensor<2xi64>, strides = dense<1> : tensor<2xi64>}
-       ins(%x, %k : tensor<4x16x18x18xf32>, tensor<3x3xf32>) outs(%c : tensor<4x16x16x16xf32>) -> tensor<4x16x16x16xf32>
-  return %r : tensor<4x16x16x16xf32>
-}""")
+    model.write_text(nchw_max_pool_module(4))
     report = tune_model(model, get_profile("host-cpu"), tmp_path / "spec.mlir", budget=8, measure_top=1)
     (pool,) = report.dispatches
     assert not pool.tuned and "a pooling op" in pool.reason

@@ -134,15 +134,9 @@ def test_a_convolution_vector_tile_is_one_output_row_and_one_filter_tap(host):
 def test_a_depthwise_convolution_may_keep_its_filter_row_whole(host):
     """IREE's own depthwise config tiles one filter row and keeps the row's 3 taps ([0, 0, 0, 0,
     1, 3] over n, oh, ow, c, kh, kw); its channels take the vector choices."""
-    text = """
-func.func @dw(%x: tensor<4x58x58x144xf32>, %w: tensor<3x3x144xf32>) -> tensor<4x56x56x144xf32> {
-  %z = arith.constant 0.0 : f32
-  %e = tensor.empty() : tensor<4x56x56x144xf32>
-  %c = linalg.fill ins(%z : f32) outs(%e : tensor<4x56x56x144xf32>) -> tensor<4x56x56x144xf32>
-  %r = linalg.depthwise_conv_2d_nhwc_hwc {dilations = dense<1> : tensor<2xi64>, strides = dense<1> : tensor<2xi64>}
-       ins(%x, %w : tensor<4x58x58x144xf32>, tensor<3x3x144xf32>) outs(%c : tensor<4x56x56x144xf32>) -> tensor<4x56x56x144xf32>
-  return %r : tensor<4x56x56x144xf32>
-}"""
+    from _shared import nhwc_depthwise_module
+
+    text = nhwc_depthwise_module(4, size=56, channels=144)
     (spec,) = build_space(analyze(text).graph, host, {}).groups
     assert spec.inner_choices[0] == spec.inner_choices[1] == [1]  # batch, output row
     assert spec.reduction_choices[4] == [1] and spec.reduction_choices[5] == [0, 1]
