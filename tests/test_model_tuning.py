@@ -224,6 +224,19 @@ def test_a_model_iree_forms_no_dispatch_from_is_a_clear_error(tmp_path):
         classify_dispatches(model, tmp_path)
 
 
+def test_a_model_jobs_items_leave_its_batched_convolutions_to_iree_saying_why(tmp_path):
+    """A job decides its items one by one, and nothing measures them inside the whole model, so
+    a convolution (shipped only when measured there) is not an item; its line says so."""
+    from service.model_tuning.tune import classify_dispatches
+
+    model = tmp_path / "conv.mlir"
+    model.write_text(nchw_conv_module(2, c_in=8, c_out=16))
+    tunable, left = classify_dispatches(model, tmp_path)
+    assert not tunable
+    (conv,) = [r for r in left if "conv" in r.name]
+    assert "a job decides its items alone" in conv.reason and "--measure-top" in conv.reason
+
+
 def test_a_spec_iree_cannot_compile_the_model_with_is_not_written_out(tmp_path, monkeypatch):
     """A config IREE's CPU backend refuses (a new user tuned an MLP for a GPU profile: "large
     vector sizes") fails the proof build: an error saying so, and no spec left behind. The
