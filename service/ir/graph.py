@@ -131,6 +131,11 @@ class ConvolutionDims:
     strides: tuple[int, ...]
     dilations: tuple[int, ...]
 
+    @property
+    def is_pooling(self) -> bool:
+        """A window over each channel, no filter of its own: neither output nor depthwise channels."""
+        return not (self.output_channel or self.depth)
+
 
 CONVOLUTION_ROLES = ("batch", "output_image", "output_channel", "filter_loop", "input_channel", "depth")
 

@@ -142,7 +142,7 @@ def convolution_matcher(op: TileableOp, levels: list, name: str, translation_inf
             or not iree_configures_convolution(op)):
         return None
     dims = op.convolution_dims()
-    if dims is None or not (dims.output_channel or dims.depth):  # pooling: no channels of its own
+    if dims is None or dims.is_pooling:
         return None
     config = lowering_config_from_levels(levels, op.iterator_types, anchor=op.name)
     extent = lambda ds: tuple(int(op.loop_ranges[d]) for d in ds)  # noqa: E731

@@ -215,31 +215,27 @@ def _classify(dispatch: Dispatch) -> tuple[_Candidate | None, DispatchReport]:
     contractions = [op for op in graph.ops.values() if op.kind == "contraction"]
     if "convolution" in kinds:
         convolutions = [op for op in graph.ops.values() if op.kind == "convolution"]
-        conv = convolutions[0]
-        report.root_op = conv.name
-        if not iree_configures_convolution(conv):
-            report.reason = f"convolution: {convolution_not_configured(conv)}; IREE's own config is kept"
-        elif (dims := conv.convolution_dims()) is None or not (dims.output_channel or dims.depth):
+        root = convolutions[0]
+        report.root_op = root.name
+        if not iree_configures_convolution(root):
+            report.reason = f"convolution: {convolution_not_configured(root)}; IREE's own config is kept"
+        elif (dims := root.convolution_dims()) is None or dims.is_pooling:
             report.reason = ("a pooling op (a window over each channel, no filter): tilesearch configures "
                              "convolutions only; IREE's own config is kept")
         elif len(convolutions) + len(contractions) > 1:
             report.reason = (f"{len(convolutions)} convolutions and {len(contractions)} contractions: tilesearch forces "
                              "configs on dispatches with one root")
-        elif not graph.has_static_shapes():
-            report.reason = "dynamic shapes"
-        else:
-            return _Candidate(dispatch, graph, conv, analysis.fingerprint), report
-        return None, report
-    if len(contractions) != 1:
+    elif len(contractions) != 1:
         named = sorted(kinds) or ["no structured op"]
         report.reason = (f"{len(contractions)} contractions: tilesearch forces configs on single-contraction dispatches"
                          if contractions else f"no contraction root ({', '.join(named)}): tilesearch configures "
                          "contractions only; IREE's own config is kept")
-        return None, report
-    root = contractions[0]
-    report.root_op = root.name
-    if not graph.has_static_shapes():
+    else:
+        root = contractions[0]
+        report.root_op = root.name
+    if report.reason is None and not graph.has_static_shapes():
         report.reason = "dynamic shapes"
+    if report.reason is not None:
         return None, report
     return _Candidate(dispatch, graph, root, analysis.fingerprint), report
 

@@ -400,12 +400,9 @@ class Analyzer:
                 return v
             v = r
 
-    def _carried_acc_bytes(self, op, node: Node) -> int:
-        """Accumulator bytes of a reducing op whose inits are iter_args of its own scf.for."""
-        if not self._carried_inits(dps_inits(op), node):
-            return 0
-        inits = dps_inits(op)
-        return sum(self.bytes_of(v) for v in inits) + sum(self.bytes_of(r) for r in op.results)
+    def _carried_acc_bytes(self, op) -> int:
+        """Accumulator bytes (init operand + result) of a reducing op whose loop carries them."""
+        return sum(self.bytes_of(v) for v in dps_inits(op)) + sum(self.bytes_of(r) for r in op.results)
 
     @staticmethod
     def _carried_inits(inits, node: Node, sliced: bool = True) -> list | None:
@@ -420,24 +417,29 @@ class Analyzer:
             return None
         return [v.arg_number - 1 for v in roots]
 
-    def _accumulator_loop(self, op, node: Node) -> Node:
-        """The outermost loop of the reduction nest that carries the op's accumulator: each
-        scf.for whose iter_args hold it, from the op's own up through inits that are the
-        enclosing loop's iter_args (a convolution tiled along channels and both filter dims
-        carries it through three loops; the compiler keeps it in registers across all of them)."""
+    def _accumulator_loop(self, op, node: Node) -> Node | None:
+        """The outermost loop of the reduction nest that carries the op's accumulator (None: its
+        own scf.for does not): each scf.for whose iter_args hold it, from the op's own up through
+        inits that are the enclosing loop's iter_args (a convolution tiled along channels and both
+        filter dims carries it through three loops; the compiler keeps it in registers across all
+        of them)."""
         positions = self._carried_inits(dps_inits(op), node)
-        while positions is not None and node.parent is not None:
+        if positions is None:
+            return None
+        while node.parent is not None:
             # An enclosing loop carries the same tile only when it hands its iter_arg on whole:
             # a parallel loop's iter_arg is the whole output, sliced per trip.
             loop_inits = dps_inits(node.op)
             positions = self._carried_inits([loop_inits[i] for i in positions], node.parent, sliced=False)
-            if positions is not None:
-                node = node.parent
+            if positions is None:
+                break
+            node = node.parent
         return node
 
     def _compute(self, op, node: Node, operands, shapes, ranges, reduction, parallel, typed) -> Compute:
         """One execution of `op` over `ranges`; `typed` gives the element type (None: f32)."""
         t = ranked(typed) if typed is not None else None
+        loop = self._accumulator_loop(op, node) if reduction else None
         return Compute(
             op=op,
             name=opname(op),
@@ -450,8 +452,8 @@ class Analyzer:
             element_bytes=element_bytes(t) if t else 4,
             operand_bytes=sum(self.bytes_of(o, s) for o, s in zip(operands, shapes)) + sum(self.bytes_of(r) for r in op.results),
             node=node,
-            carried_acc_bytes=self._carried_acc_bytes(op, node) if reduction else 0,
-            accumulator_loop=self._accumulator_loop(op, node) if reduction else None,
+            carried_acc_bytes=self._carried_acc_bytes(op) if loop is not None else 0,
+            accumulator_loop=loop,
         )
 
 

@@ -43,7 +43,8 @@ class Compute:
     # scf.for (iter_args, the reduction loop of a tiled contraction); 0 otherwise.
     carried_acc_bytes: int = 0
     # The outermost loop of the reduction nest that carries that accumulator (its own scf.for,
-    # or one enclosing it whose iter_args feed it): the accumulator lives across all its trips.
+    # or one enclosing it whose iter_args feed it; None when not carried): the accumulator lives
+    # across all its trips.
     accumulator_loop: "Node | None" = None
     # Rows of the register tile in the operand broadcast along the innermost parallel dim (A of
     # a matmul): (tile extent, byte stride in its whole tensor) per row dim; () if none.
