@@ -233,6 +233,54 @@ func.func @main(%x: {x}, %w: {w}) -> {y} {{
   return %r : {y}
 }}"""
 
+def nchw_1x1_module(c_in: int, c_out: int, size: int, stride: int = 1) -> str:
+    """A 1x1 `linalg.conv_2d_nchw_fchw` at batch 1 on a size x size image (ResNet's downsample
+    projection at stride 2), which IREE forms as a matmul_like dispatch."""
+    out = size // stride
+    x, w, y = (f"tensor<1x{c_in}x{size}x{size}xf32>", f"tensor<{c_out}x{c_in}x1x1xf32>", f"tensor<1x{c_out}x{out}x{out}xf32>")
+    return f"""
+func.func @main(%x: {x}, %w: {w}) -> {y} {{
+  %z = arith.constant 0.0 : f32
+  %e = tensor.empty() : {y}
+  %c = linalg.fill ins(%z : f32) outs(%e : {y}) -> {y}
+  %r = linalg.conv_2d_nchw_fchw {{dilations = dense<1> : tensor<2xi64>, strides = dense<{stride}> : tensor<2xi64>}}
+       ins(%x, %w : {x}, {w}) outs(%c : {y}) -> {y}
+  return %r : {y}
+}}"""
+
+
+def nchw_1x1_generic(c_in: int, c_out: int, out: int, stride: int | None = None) -> str:
+    """That convolution as IREE's dispatch computes it, out[co, h, w] = W[co, ci] x X[ci, h, w]
+    on an out x out output. With `stride`, X is what service.ir.dispatch writes for a load that
+    steps over elements: a strided slice of the whole input."""
+    x = f"tensor<{c_in}x{out}x{out}xf32>"
+    if stride is None:
+        arg, slice_ = f"%x: {x}", ""
+    else:
+        whole = f"tensor<{c_in}x{out * stride}x{out * stride}xf32>"
+        arg = f"%input: {whole}"
+        slice_ = (f"  %x = tensor.extract_slice %input[0, 0, 0] [{c_in}, {out}, {out}] [1, {stride}, {stride}]"
+                  f" : {whole} to {x}\n")
+    y, w = f"tensor<{c_out}x{out}x{out}xf32>", f"tensor<{c_out}x{c_in}xf32>"
+    return f"""
+#x = affine_map<(co, h, w, ci) -> (ci, h, w)>
+#w = affine_map<(co, h, w, ci) -> (co, ci)>
+#o = affine_map<(co, h, w, ci) -> (co, h, w)>
+func.func @conv1x1({arg}, %wt: {w}) -> {y} {{
+  %zero = arith.constant 0.0 : f32
+{slice_}  %e = tensor.empty() : {y}
+  %f = linalg.fill ins(%zero : f32) outs(%e : {y}) -> {y}
+  %c = linalg.generic {{indexing_maps = [#x, #w, #o], iterator_types = ["parallel", "parallel", "parallel", "reduction"]}}
+      ins(%x, %wt : {x}, {w}) outs(%f : {y}) {{
+    ^bb0(%a: f32, %b: f32, %acc: f32):
+      %m = arith.mulf %a, %b : f32
+      %s = arith.addf %acc, %m : f32
+      linalg.yield %s : f32
+  }} -> {y}
+  return %c : {y}
+}}"""
+
+
 def nhwc_depthwise_module(batch: int, size: int = 16, channels: int = 32) -> str:
     """A 3x3 `linalg.depthwise_conv_2d_nhwc_hwc` (MobileNet's), input pre-padded."""
     x, w, y = (f"tensor<{batch}x{size + 2}x{size + 2}x{channels}xf32>", f"tensor<3x3x{channels}xf32>",

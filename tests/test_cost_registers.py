@@ -14,7 +14,7 @@ from service.ir.plan import Plan
 from service.ir.transform import apply_plan
 
 from _cost_plans import GOOD_MATMUL, avx512_host, cost_of, matmul_plan
-from _shared import WORKLOADS, ZEN3_HOST_CACHES, ZEN3_HOST_CPUINFO, matmul_module, write_cpu_sysfs
+from _shared import WORKLOADS, ZEN3_HOST_CACHES, ZEN3_HOST_CPUINFO, matmul_module, nchw_1x1_generic, write_cpu_sysfs
 
 
 def test_large_vector_tile_infeasible_on_host_cpu():
@@ -388,3 +388,27 @@ def test_a_transposed_b_tile_longer_than_a_vector_takes_the_generic_transpose(ze
     zen4 = host_cpu_model(HostFacts.from_json(facts.read_text()))
     k16, k32 = _transposed_b_latency(zen4, [8, 16], 16), _transposed_b_latency(zen4, [8, 16], 32)
     assert k32 > 1.3 * k16
+
+
+def _strided_1x1_latency(strided: bool, dist: list[int], vec: list[int], red: int) -> float:
+    """ResNet's stride-2 downsample (NCHW, batch 1) as IREE's matmul_like dispatch computes it,
+    over the input as service.ir.dispatch writes it (a strided slice), or over a dense input."""
+    text = nchw_1x1_generic(256, 512, 28, stride=2 if strided else None)
+    plan = Plan.model_validate({"groups": [{"anchor": 1, "fuse": [0], "levels": [
+        {"tile_sizes": dist + [0], "loop": "forall"}, {"tile_sizes": vec + [0], "loop": "for"},
+        {"tile_sizes": [0, 0, 0, red], "loop": "for"}]}]})
+    with context():
+        tagged = tag_tileable_ops(parse_module(text))
+        return estimate_cost(apply_plan(tagged, plan).module, avx512_host()).latency_s
+
+
+def test_a_vector_read_with_a_step_is_gathered_and_rows_of_the_other_operand_share_it() -> None:
+    """B read through a stride-2 slice along the output row: no vector load reads its row, each
+    element is loaded and inserted on its own. Measured on a Zen 5 (docs/benchmarks.md, session
+    23): 1 channel by 14 of w at k 16 ran 23.4 ms, 8 channels by 14 at k 4 3.52 ms (6.6x: the 8
+    rows share each gathered row). Over a dense input the same tiles gather nothing."""
+    one_row = _strided_1x1_latency(True, [64, 7, 28], [1, 1, 14], 16)
+    eight_rows = _strided_1x1_latency(True, [64, 7, 28], [8, 1, 14], 4)
+    assert one_row > 4 * eight_rows
+    for vec, red, strided in (([1, 1, 14], 16, one_row), ([8, 1, 14], 4, eight_rows)):
+        assert strided > 3 * _strided_1x1_latency(False, [64, 7, 28], vec, red)

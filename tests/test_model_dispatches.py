@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from _shared import SHARED, tuning_every_dispatch
+from _shared import SHARED, nchw_1x1_module, tuning_every_dispatch
 
 from service.ir.analysis import analyze
 from service.ir.dispatch import dispatches_of
@@ -82,6 +82,20 @@ def test_a_shared_model_gives_every_dispatch_as_a_module_of_its_own(tmp_path):
 def test_a_dynamic_dispatch_says_why_it_is_not_searched(tmp_path):
     (d,) = _dispatches(tmp_path, DYNAMIC)
     assert d.reason is not None and d.reason.startswith("dynamic")
+
+
+@pytest.mark.slow
+def test_a_load_that_steps_over_elements_stays_a_strided_slice_of_the_whole_tensor(tmp_path):
+    """The search must see that the projection's input is not contiguous (the cost model gathers
+    its vectors, cost/registers.py): the dispatch reads the whole input through a stride-2 slice,
+    not a dense 64x8x8 argument."""
+    (d,) = _dispatches(tmp_path, nchw_1x1_module(64, 128, 16, stride=2))
+    assert d.reason is None and "matmul_like" in d.entry
+    graph = analyze(d.module).graph
+    (projection,) = [op for op in graph.ops.values() if op.kind == "contraction"]
+    x = next(i for i, shape in enumerate(projection.operand_shapes[:projection.num_inputs]) if shape == [64, 8, 8])
+    assert projection.operand_steps[x] == 2
+    assert "tensor<64x16x16xf32>" in d.module and "[1, 2, 2]" in d.module
 
 
 def test_text_that_is_not_a_model_is_refused():

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from _shared import SHARED, nchw_conv_module, nchw_max_pool_module, needs_avx512, tuning_every_dispatch
+from _shared import SHARED, nchw_1x1_module, nchw_conv_module, nchw_max_pool_module, needs_avx512, tuning_every_dispatch
 
 from service.hardware.profiles import get_profile
 from service.measure.lowering import lowering_config_of
@@ -138,6 +138,40 @@ def test_the_search_starts_at_irees_own_config_so_it_never_returns_a_plan_predic
     assert d.predicted_s <= d.iree_default_predicted_s * (1 + 1e-9)
 
 
+def _tuned_build_computes_what_the_default_does(model: Path, tmp_path: Path, shape: tuple[int, ...]):
+    """Compile `model` without and with tmp_path/spec.mlir, check both builds give the same
+    output on fixed inputs, and return what IREE's dumps say the tuned build compiled."""
+    from service.measure.whole_model import dispatch_configs
+
+    compile_model(model, tmp_path / "default.vmfb", tmp_path / "d_configs")
+    compile_model(model, tmp_path / "tuned.vmfb", tmp_path / "t_configs", spec=tmp_path / "spec.mlir")
+    flags = write_inputs(model_arguments(input_program(model, tmp_path / "input.mlir")), tmp_path, seed=5)
+    (default,) = run_outputs(tmp_path / "default.vmfb", flags, tmp_path / "default_out", 1)
+    (tuned,) = run_outputs(tmp_path / "tuned.vmfb", flags, tmp_path / "tuned_out", 1)
+    a, b = np.load(default), np.load(tuned)
+    assert a.shape == b.shape == shape
+    np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-4 * float(np.abs(a).max()))
+    (dumped,) = dispatch_configs(tmp_path / "t_configs").values()
+    return dumped
+
+
+def test_a_strided_projection_is_tuned_with_output_channels_sharing_its_gathered_pixels(tmp_path):
+    """IREE's default vectorizes the strided pixels (a stride-2 1x1 convolution ran 424 ms on a
+    Zen 5; 8 output channels by 14 pixels 3.5 ms). Two things kept it from a spec: the module
+    the search saw read the pixels densely, and the untiled plan (priced as if the compiler
+    chose well, but meaning IREE's own config in a model) was the search's best."""
+    model = tmp_path / "projection.mlir"
+    model.write_text(nchw_1x1_module(128, 256, 28, stride=2))  # ResNet's downsample at batch 1
+    report = tune_model(model, get_profile("host-cpu"), tmp_path / "spec.mlir", budget=64)
+    (d,) = report.dispatches
+    assert d.tuned, d.reason
+    assert d.predicted_s * 4 < d.iree_default_predicted_s
+    dumped = _tuned_build_computes_what_the_default_does(model, tmp_path, (1, 256, 14, 14))
+    (root,) = [c for _, text in dumped.ops if text is not None and (c := lowering_config_of(text)) is not None]
+    co, h, _, _ = root.vector_common_parallel
+    assert co > 1 and h == 1
+
+
 def test_a_dispatch_without_a_contraction_is_left_to_iree_with_its_reason(tmp_path):
     model = tmp_path / "softmax.mlir"
     model.write_text(SOFTMAX_MODEL)
@@ -167,7 +201,7 @@ def test_a_convolution_matcher_gives_a_batched_convolution_its_config_and_the_sa
     the build computes what IREE's default build does."""
     from service.ir.analysis import analyze
     from service.measure.tuning_spec import convolution_matcher, tuning_spec
-    from service.measure.whole_model import canonical_attribute, dispatch_configs
+    from service.measure.whole_model import canonical_attribute
 
     text = nchw_conv_module(2, c_in=16, c_out=32, size=16)
     model = tmp_path / "conv.mlir"
@@ -177,17 +211,9 @@ def test_a_convolution_matcher_gives_a_batched_convolution_its_config_and_the_sa
               {"tile_sizes": [0, 0, 0, 0, 4, 1, 1]}]
     matcher = convolution_matcher(conv, levels, "conv")
     (tmp_path / "spec.mlir").write_text(tuning_spec([matcher]))
-    compile_model(model, tmp_path / "default.vmfb", tmp_path / "d_configs")
-    compile_model(model, tmp_path / "tuned.vmfb", tmp_path / "t_configs", spec=tmp_path / "spec.mlir")
-    (dumped,) = dispatch_configs(tmp_path / "t_configs").values()
+    dumped = _tuned_build_computes_what_the_default_does(model, tmp_path, (2, 32, 16, 16))
     assert canonical_attribute(matcher.lowering_config) in [config for _, config in dumped.ops]
     assert "ConvTileAndDecomposeExpert" in (dumped.translation_info or "")
-    flags = write_inputs(model_arguments(input_program(model, tmp_path / "input.mlir")), tmp_path, seed=5)
-    (default,) = run_outputs(tmp_path / "default.vmfb", flags, tmp_path / "default_out", 1)
-    (tuned,) = run_outputs(tmp_path / "tuned.vmfb", flags, tmp_path / "tuned_out", 1)
-    a, b = np.load(default), np.load(tuned)
-    assert a.shape == b.shape == (2, 32, 16, 16)
-    np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-4 * float(np.abs(a).max()))
 
 
 def test_a_batched_convolution_is_measured_inside_the_model_and_ships_only_when_faster(tmp_path):
@@ -374,3 +400,25 @@ def test_a_shipped_root_config_equal_to_irees_default_says_so():
     other = config.replace("[1, 8, 16, 0]", "[1, 4, 16, 0]")
     assert tune._with_default_root_note(measured, other, dumped) == measured
     assert tune._with_default_root_note(None, config, None) is None
+
+
+def test_a_plan_that_leaves_the_root_to_iree_is_never_the_searchs_answer_in_a_model():
+    """Inside a model an untiled root runs IREE's own config, not the untiled op the cost model
+    prices (whose vector tile it assumes the compiler picks well): on ResNet's stride-2
+    projection the untiled plan was predicted 4.5 ms, best of the search, so the dispatch kept
+    IREE's config (424 ms measured) over a tiled plan measured 2.9 ms. Nor is the super-tiling
+    baseline an answer: a forced config cannot leave the vector tile to the compiler."""
+    from service.search.candidate import Evaluation
+
+    def trial(latency_s, groups, source="tpe", feasible=True):
+        return Evaluation(plan={"groups": groups}, latency_s=latency_s, feasible=feasible, source=source,
+                          cost={"latency_s": latency_s})
+
+    root = {"anchor": 1, "fuse": [0], "levels": [{"loop": "forall", "tile_sizes": [64, 1, 14, 0]}]}
+    other = {"anchor": 2, "fuse": [], "levels": [{"loop": "forall", "tile_sizes": [8, 0]}]}
+    trials = [trial(4.5e-3, []), trial(4.6e-3, [root], source="supertiling"), trial(5e-3, [other]),
+              trial(1e-3, [root], feasible=False), trial(6.4e-3, [root]), trial(7e-3, [root])]
+    result = SimpleNamespace(trials=trials)
+    best = tune._best_configuring_root(result, root_uid=1)
+    assert best is trials[4]
+    assert tune._best_configuring_root(SimpleNamespace(trials=trials[:4]), root_uid=1) is None

@@ -6,7 +6,10 @@ program (its `stream.cmd.dispatch` ops say which dispatch runs how often) and on
 `iree_tensor_ext.dispatch.tensor.load` and writes through `...tensor.store`. Each dispatch
 function is cloned into a module of its own and rewritten, with the bindings, into
 `func.func @name(tensor operands...) -> (stored tensors...)`: loads become arguments, stores
-become the returned values, and the binding plumbing left dead is erased. Its ops (the root and
+become the returned values, and the binding plumbing left dead is erased. A load that steps
+over elements (a stride-2 convolution's input, as the matmul_like dispatch of a 1x1 one reads
+it) becomes a strided `tensor.extract_slice` of the whole tensor, not a dense argument: its
+elements are not contiguous, and the cost model and IREE must both see that. Its ops (the root and
 whatever IREE fused around it) are untouched, so the search sees exactly what IREE will compile.
 """
 
@@ -16,7 +19,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from .errors import NotAModelError
-from .mlir import attribute_names, context, func, ir
+from .mlir import attribute_names, context, func, ir, tensor
 from .parse import parse_module
 
 _LOAD = "iree_tensor_ext.dispatch.tensor.load"
@@ -79,6 +82,39 @@ def _erase_dead_plumbing(block: ir.Block) -> None:
                 changed = True
 
 
+def _strided_source(load: ir.Operation) -> ir.RankedTensorType | None:
+    """The whole tensor a load reads with static offsets, sizes and strides, one stride not 1;
+    None for any other load (those read a dense tile, which the argument's own type says)."""
+    strides = list(ir.DenseI64ArrayAttr(load.attributes["static_strides"]))
+    dynamic = list(ir.DenseI32ArrayAttr(load.attributes["operandSegmentSizes"]))[1:]
+    if all(s == 1 for s in strides) or any(dynamic):
+        return None
+    # The binding's type, !iree_tensor_ext.dispatch.tensor<readonly:tensor<...>>, has no Python
+    # binding: its tensor type is parsed from what MLIR prints for it.
+    printed = str(load.operands[0].type)
+    inner = printed[printed.find(":") + 1:printed.rfind(">")]
+    try:
+        return ir.RankedTensorType(ir.Type.parse(inner))
+    except (ValueError, TypeError):
+        return None
+
+
+def _as_argument(block: ir.Block, load: ir.Operation) -> None:
+    """Replace a load with a new argument of the function (through a strided slice of the whole
+    tensor where the load steps over elements)."""
+    source = _strided_source(load)
+    if source is None:
+        load.results[0].replace_all_uses_with(block.add_argument(load.results[0].type, load.location))
+    else:
+        whole = block.add_argument(source, load.location)
+        with ir.InsertionPoint(load), load.location:
+            sliced = tensor.ExtractSliceOp(
+                load.results[0].type, whole, [], [], [],
+                *(ir.DenseI64ArrayAttr(load.attributes[a]) for a in ("static_offsets", "static_sizes", "static_strides")))
+        load.results[0].replace_all_uses_with(sliced.result)
+    load.erase()
+
+
 def as_tensor_function(dispatch_function: ir.Operation) -> tuple[ir.Module, str | None]:
     """A new module holding the dispatch function over tensors, and why it cannot be searched
     (None when it can). Runs inside the process's context."""
@@ -89,9 +125,7 @@ def as_tensor_function(dispatch_function: ir.Operation) -> tuple[ir.Module, str 
     stored: list[ir.Value] = []
     for op in _ops(block):
         if op.name == _LOAD:
-            argument = block.add_argument(op.results[0].type, op.location)
-            op.results[0].replace_all_uses_with(argument)
-            op.erase()
+            _as_argument(block, op)
         elif op.name == _STORE:
             stored.append(op.operands[0])
             op.erase()

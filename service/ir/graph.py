@@ -82,6 +82,9 @@ class TileableOp:
     # Per operand (the indexing maps' order): the loop dim of each of its indices, innermost
     # (contiguous in memory) last; None for an index that is not a plain dim.
     operand_dims: list[list[int | None]] = field(default_factory=list)
+    # Per operand: elements between neighbours along its innermost dim in the tensor it is read
+    # from (innermost_step); above 1 for a stride-2 convolution's input read as a matmul's.
+    operand_steps: list[int] = field(default_factory=list)
     signature: str = ""
     producers: list[int] = field(default_factory=list)
     consumers: list[int] = field(default_factory=list)
@@ -563,7 +566,25 @@ def describe_op(op: ir.Operation, uid: int) -> TileableOp:
         copy_of=ir.IntegerAttr(op.attributes[COPY_OF_ATTR]).value if COPY_OF_ATTR in op.attributes else None,
         batch_dims=batch,
         operand_dims=operand_dims,
+        operand_steps=[innermost_step(v) for v in op.operands],
     )
+
+
+def innermost_step(value: ir.Value) -> int:
+    """Elements between neighbours along the innermost dim of the tensor `value` is cut from:
+    the product of the innermost static strides of the rank-keeping `tensor.extract_slice`s it
+    comes through (1 where a stride is dynamic or a slice drops dims: read as dense)."""
+    step = 1
+    while isinstance(value, ir.OpResult) and value.owner.name == "tensor.extract_slice":
+        source = value.owner.operands[0]
+        strides = list(ir.DenseI64ArrayAttr(value.owner.attributes["static_strides"]))
+        if not (isinstance(source.type, ir.RankedTensorType) and isinstance(value.type, ir.RankedTensorType)):
+            return 1
+        if ir.RankedTensorType(source.type).rank != ir.RankedTensorType(value.type).rank or strides[-1] < 1:
+            return 1
+        step *= strides[-1]
+        value = source
+    return step
 
 
 # --------------------------------------------------------------------------- the graph

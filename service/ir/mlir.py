@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from iree.compiler import ir
-from iree.compiler.dialects import func, linalg
+from iree.compiler.dialects import func, linalg, tensor
 from iree.compiler.dialects.transform import interpreter as transform_interpreter
 from iree.compiler.passmanager import PassManager
 
@@ -22,6 +22,7 @@ __all__ = [
     "ir",
     "func",
     "linalg",
+    "tensor",
     "transform_interpreter",
     "PassManager",
     "context",

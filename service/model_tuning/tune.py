@@ -58,6 +58,7 @@ from service.measure.whole_model import (
 from service.search.engine import tune
 from service.search.guard import iree_default_plan, measured_verdict, predicted_default_s, predicted_verdict
 from service.search.refine import MeasuredPlan, Refinement, top_plans, with_measured_choice
+from service.search.candidate import Evaluation
 from service.search.results import TuneResult
 from service.search.task_scheduler import TaskState, schedule
 
@@ -310,15 +311,27 @@ def _search(candidates: list[_Candidate], hardware: HardwareModel, budget: int, 
         c.complete = c.complete and result.complete
         trials = (c.result.trials if c.result is not None else []) + result.trials
         c.result = result.model_copy(update={"trials": trials})
-        latency = result.predicted.get("latency_s") if result.feasible else None
-        if latency is not None and (c.latency_s is None or latency < c.latency_s):
-            c.latency_s, c.plan, c.predicted = latency, result.plan, result.predicted
+        best = _best_configuring_root(result, c.root.uid)
+        if best is not None and (c.latency_s is None or best.latency_s < c.latency_s):
+            c.latency_s, c.plan = best.latency_s, best.plan
+            c.predicted = best.cost if best.cost is not None else result.predicted
         if progress is not None:
             progress(c.dispatch.entry, sum(t.slices for t in tasks) + 1, slices)
         return c.latency_s
 
     stop = (lambda: time.monotonic() > deadline) if deadline else (lambda: False)
     schedule(tasks, slices, run_slice, stop)
+
+
+def _best_configuring_root(result: TuneResult, root_uid: int) -> Evaluation | None:
+    """The best feasible plan the search found that gives the root a config. Inside a model, a
+    plan that leaves the root untiled runs IREE's own config (the guard's baseline), not the
+    untiled op the cost model prices; the super-tiling baseline leaves the vector tile to the
+    compiler, which a forced config cannot (refine.top_plans)."""
+    configuring = [t for t in result.trials
+                   if t.stage == "cost" and t.feasible and t.latency_s is not None and t.source != "supertiling"
+                   and t.plan and any(g["anchor"] == root_uid for g in t.plan.get("groups", []))]
+    return min(configuring, key=lambda t: t.rank, default=None)
 
 
 def _default_build(model: Path, candidates: list[_Candidate], workdir: Path) -> dict[str, DispatchConfig]:

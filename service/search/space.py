@@ -44,7 +44,9 @@ ANCHOR_KINDS = ("contraction", "convolution", "reduction")
 #     decisions stored before are searched again rather than served.
 # 14: on a CPU, a convolution's vector level follows IREE's decomposition to 1-D convolutions
 #     (_decomposable_convolution).
-SPACE_VERSION = "search-space/14"
+# 15: a 1x1 convolution read with a step (stride 2) gives its output channels register rows
+#     (single_row_dims).
+SPACE_VERSION = "search-space/15"
 # --------------------------------------------------------------------------- shapes
 
 

@@ -103,13 +103,21 @@ def single_row_dims(op: TileableOp) -> list[int]:
     indexes) has two parallel dims or more, e.g. a 1x1 convolution over NCHW,
     out[co, h, w] = W[co, ci] x X[ci, h, w]. Timed inside MobileNet (docs/benchmarks.md): beside 4
     rows of h, 4 rows of co ran 2.4-4.6x slower than 1, and the fastest tile of each of three such
-    convolutions had one."""
+    convolutions had one.
+    The other way round where the vector operand is read with a step (a stride-2 convolution's
+    input): its vectors are gathered element by element, and only rows of the broadcast operand
+    share a gather, so the vector operand's own rows keep 1 (a stride-2 1x1 convolution on a
+    Zen 5: 8 rows of co by 14 of w ran 6.6x faster than 1 by 14, and 14 rows of h by 14 no
+    faster; docs/benchmarks.md)."""
     if op.kind != "contraction" or not op.parallel_dims:
         return []
-    vector_operand = next((dims for dims in op.operand_dims[:op.num_inputs] if op.parallel_dims[-1] in dims), None)
-    if vector_operand is None:
+    vector_input = next((i for i, dims in enumerate(op.operand_dims[:op.num_inputs]) if op.parallel_dims[-1] in dims), None)
+    if vector_input is None:
         return []
+    vector_operand = op.operand_dims[vector_input]
     own = [d for d in op.parallel_dims if d in vector_operand and d not in op.batch_dims]
+    if op.operand_steps and op.operand_steps[vector_input] > 1:
+        return own[:-1]
     if len(own) < 2:
         return []
     return [d for d in op.parallel_dims if d not in vector_operand and d not in op.batch_dims]

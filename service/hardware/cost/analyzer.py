@@ -7,7 +7,7 @@ import logging
 import math
 from itertools import count
 
-from service.ir.graph import flops_per_point, uid_of
+from service.ir.graph import flops_per_point, innermost_step, uid_of
 from service.ir.hints import hint_for
 from service.ir.mlir import ir, linalg
 
@@ -367,7 +367,22 @@ class Analyzer:
             if lhs is not None:
                 c.lhs_rows, c.dynamic_rows = self._lhs_rows(*lhs, ranges, out_dims)
             c.rhs_k_contiguous = _rhs_k_contiguous(maps, out_dims, n_inputs=len(operands) - len(op.results))
+            if not c.rhs_k_contiguous:
+                c.strided_rhs_elements = self._strided_rhs_elements(operands, tensor_maps, ranges, out_dims, len(op.results))
         return c
+
+    def _strided_rhs_elements(self, operands, tensor_maps, ranges, out_dims: set[int], n_results: int) -> int:
+        """B's elements per reduction point (B: the input whose innermost dim is the output's
+        innermost dim) when it is cut through a slice that steps over elements along that dim (a
+        stride-2 convolution's input along the output row); 0 when B's rows are dense."""
+        n_dim = max(out_dims)
+        for v, m in list(zip(operands, tensor_maps))[: max(0, len(operands) - n_results)]:
+            dims = [e.position for e in m.results if isinstance(e, ir.AffineDimExpr)]
+            if dims and dims[-1] == n_dim and len(dims) == len(list(m.results)):
+                if innermost_step(self.resolve(v)) == 1:
+                    return 0
+                return math.prod(ranges[d] for d in dims if d in out_dims)
+        return 0
 
     def _lhs_input(self, operands, tensor_maps, out_dims: set[int], n_results: int) -> tuple[ir.Value, list] | None:
         """The input a register tile broadcasts along its innermost parallel dim (A of a matmul)

@@ -55,6 +55,10 @@ class Compute:
     # B (the input the innermost parallel dim indexes) is contiguous along a reduction dim, as
     # nn.Linear keeps weights [out, in]: its register tile is transposed (cost/registers.py).
     rhs_k_contiguous: bool = False
+    # B's elements per reduction point when B is read through a slice that steps over elements
+    # along the output row (a stride-2 convolution's input): no vector load reads them, each is
+    # gathered on its own (cost/registers.py); 0 when B's rows are dense.
+    strided_rhs_elements: int = 0
 
 
 @dataclass

@@ -69,7 +69,7 @@ def microkernel_efficiency(c: Compute, level: int, hw: HardwareModel, acc_trips:
     pipeline = min(1.0, acc / hw.compute.fma_pipeline_depth)
     loads = min(1.0, acc / (m + n_vecs))
     issue = min(pipeline, loads, _transpose_efficiency(c, acc, n_vecs, k, hw) if c.rhs_k_contiguous else 1.0,
-                _ragged_row_efficiency(c, m, acc, hw))
+                _strided_b_efficiency(c, acc, k), _ragged_row_efficiency(c, m, acc, hw))
     rows = hw.compute.register_tile_rows
     tall = min(1.0, rows / m) if rows else 1.0
     return (spill * b_tile * issue * tall * _set_conflict_efficiency(c, hw) * _masked_row_efficiency(c, m, acc, k, hw)
@@ -122,6 +122,18 @@ def _transpose_efficiency(c: Compute, acc: int, n_vecs: int, k: int, hw: Hardwar
         return fma_cycles / (fma_cycles + n_vecs * k * per_vector / _SHUFFLES_PER_CYCLE)
     gather_cycles = n_vecs * lanes * k * _GATHER_CYCLES_PER_ELEMENT
     return min(1.0, fma_cycles / gather_cycles) if gather_cycles else 1.0
+
+
+def _strided_b_efficiency(c: Compute, acc: int, k: int) -> float:
+    """B read through a slice that steps over elements along the output row
+    (`Compute.strided_rhs_elements`, a stride-2 convolution's input): no vector load reads its
+    tile, so each of its elements is loaded and inserted on its own every reduction step, as a
+    gathered B tile's are. The gather overlaps the FMAs and slows the step only when longer;
+    rows of the tile that B does not index (output channels) share it."""
+    if not c.strided_rhs_elements:
+        return 1.0
+    fma_cycles = acc * k / _FMAS_PER_CYCLE
+    return min(1.0, fma_cycles / (c.strided_rhs_elements * k * _GATHER_CYCLES_PER_ELEMENT))
 
 
 # A register tile row longer than a vector and not a whole number of vectors (24 or 49 f32
