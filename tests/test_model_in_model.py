@@ -129,6 +129,22 @@ def test_a_spec_that_makes_the_whole_model_slower_is_withdrawn(tmp_path, monkeyp
     assert report.measured_model_s == pytest.approx(1.2e-3)
 
 
+def test_a_spec_whose_whole_model_gain_is_below_its_dispatches_margin_is_withdrawn(tmp_path, monkeypatch):
+    """Each tuned dispatch ships measured 5% faster inside the model, so the run must show 5% of
+    the tuned dispatches' share of it: on a Zen 5 a 0.5 ms MLP shipped one dispatch measured 1.21x
+    faster, the whole model measured 0.5% faster, and `model bench` read 0.97x."""
+    monkeypatch.setattr(tune_module, "measured_verdict", lambda tuned_s, default_s: None)
+    monkeypatch.setattr(tune_module, "whole_build_choice", lambda times, picks: None)
+    monkeypatch.setattr(tune_module, "confirm_in_model", lambda *args, **kwargs: (1e-3, 0.999e-3))
+    report = tune_model(MLP, get_profile("host-cpu"), tmp_path / "spec.mlir", budget=32, measure_top=1)
+    assert not any(d.tuned for d in report.dispatches) and report.spec is None
+    assert all(d.reason.startswith("the whole model measured 0.999 ms with the spec against IREE's default 1.000 ms")
+               and "less than the 5% its tuned dispatches" in d.reason for d in report.dispatches)
+    monkeypatch.setattr(tune_module, "confirm_in_model", lambda *args, **kwargs: (1e-3, 0.5e-3))
+    report = tune_model(MLP, get_profile("host-cpu"), tmp_path / "spec.mlir", budget=32, measure_top=1)
+    assert all(d.tuned for d in report.dispatches) and report.spec is not None
+
+
 def test_timings_of_dispatches_left_to_iree_are_stored_for_learning(tmp_path, monkeypatch, sessions):
     """A root IREE's default beat inside the model is where the cost model was wrong: its timings
     are kept (with their module, no decision) beside the tuned dispatches' decisions."""
