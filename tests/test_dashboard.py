@@ -53,6 +53,8 @@ def _decision(session, n: int, *, fingerprint: str, hardware_hash: str, cache: s
     stats = {"strategy": "tpe", "budget": 8, "seed": 0, "evaluations": 8 + n, "complete": True, "cache": cache}
     if measured:
         stats["measured"] = measured
+        # as a measured search stored it before its record carried IREE's default's prediction
+        stats["iree_default"] = {"anchor": 0, "config": "#iree_cpu.lowering_config<default>", "plan_hash": "d0"}
     row = Decision(
         key=f"key-{n}", module_fingerprint=fingerprint, hardware_hash=hardware_hash, search_space_version="s",
         cost_model_version="c", objective="latency", shape_bucket="{}", provider_version="p", status=status,
@@ -182,7 +184,8 @@ def test_decision_detail_shows_costs_trials_measurements_and_artifacts(seeded):
                      "Transform script", "IREE compilation_info", "Tiled IR", "Origin map", "g0.l0",
                      "#iree_codegen.compilation_info&lt;x&gt;", 'data-copy-target="tiled-ir"', "chosen",
                      "IREE tuning spec", "// spec ", " &lt;&amp;&gt; }", 'data-copy-target="tuning-spec"',
-                     "5 trials stored, 4 feasible plotted, 1 infeasible"):
+                     "5 trials stored, 4 feasible plotted, 1 infeasible",
+                     "IREE's default config of the contraction (anchor\n0):"):
             assert text in html, text
         charts = json.loads(re.search(r'id="charts-data">(.*?)</script>', html, re.S).group(1))
         assert charts["scatter"]["footprint_kib"] == [1.0, 4.0, 16.0, 64.0]

@@ -198,6 +198,9 @@ def tune_from_iree_default(source: str, hardware: HardwareModel, *, guard: bool 
     if default is None:
         return result
     if not guard:  # measurements judge; the default's trial is its prediction (refine.measured_answer)
+        plan_hash = Plan.model_validate(default.plan).plan_hash()
+        start = next((t for t in result.trials if t.plan_hash == plan_hash and t.stage == "cost"), None)
         return result.model_copy(update={"iree_default": {"anchor": default.anchor, "config": default.config,
-                                                          "plan_hash": Plan.model_validate(default.plan).plan_hash()}})
+                                                          "plan_hash": plan_hash,
+                                                          "predicted_s": start.latency_s if start else None}})
     return guarded(source, result, hardware, default)
