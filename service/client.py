@@ -142,6 +142,17 @@ class TilesearchClient:
     def job(self, job_id: int) -> dict[str, Any]:
         return self._ok(self._request("GET", f"/v1/jobs/{job_id}"))
 
+    def job_items(self, job_id: int, state: str | None = None) -> list[dict[str, Any]]:
+        """Every item of the job (of one state: queued, running, done, failed, cancelled), all pages."""
+        out: list[dict[str, Any]] = []
+        params: dict[str, Any] = {"limit": 500, **({"state": state} if state else {})}
+        while True:
+            page = self._ok(self._request("GET", f"/v1/jobs/{job_id}/items", params=params))
+            out.extend(page["items"])
+            if page["next_cursor"] is None:
+                return out
+            params["cursor"] = page["next_cursor"]
+
     def cancel_job(self, job_id: int) -> dict[str, Any]:
         return self._ok(self._request("POST", f"/v1/jobs/{job_id}/cancel"))
 

@@ -42,6 +42,10 @@ def test_embedded_server_completes_a_job_end_to_end(tmp_path: Path) -> None:
         assert done["items"] == {"total": 4, "queued": 0, "running": 0, "done": 3, "failed": 1, "cancelled": 0}
         broken = next(i for i in done["items_detail"] if i["name"] == "broken")
         assert "does not parse" in broken["error"]
+        # `job watch` says which items failed and why, not only how many (a helper's trial)
+        watch = subprocess.run([*TILESEARCH, "job", "watch", str(job_id), "--server", base, "--token", TOKEN],
+                               capture_output=True, text=True, timeout=60)
+        assert watch.returncode == 1 and f"failed: broken: {broken['error']}" in watch.stderr
         spec = httpx.get(f"{base}/v1/jobs/{job_id}/spec", headers=AUTH)
         assert spec.status_code == 200 and spec.text.count("transform.iree.match.contraction") == 3
         hit = httpx.post(f"{base}/v1/tilings", headers=AUTH, timeout=60,

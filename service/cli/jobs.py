@@ -89,6 +89,9 @@ def job_watch_cmd(job_id: int, server: str = _SERVER, token: str | None = _TOKEN
         job = client.job(job_id)  # before the bar: a wrong id or server is one error line, no bar
         with Progress(*columns) as progress:
             job = _follow(client, job, progress, interval)
+        failed = client.job_items(job_id, state="failed") if job["items"]["failed"] else []
+    for item in failed:  # which items, and why: the bar only counts them
+        typer.echo(f"failed: {item['name']}: {item['error']}", err=True)
     if job["state"] != "succeeded":
         raise typer.Exit(1)
 
