@@ -249,6 +249,36 @@ func.func @main(%x: {x}, %w: {w}) -> {y} {{
 }}"""
 
 
+def pointwise_then_depthwise_module(c_in: int = 64, c_out: int = 256, size: int = 14) -> str:
+    """MobileNet's expand-then-depthwise at batch 1, NCHW: a 1x1 convolution and ReLU whose output
+    is padded for a 3x3 depthwise convolution. IREE keeps the 1x1's pixel dims apart
+    (matmul_like_{c_out}x{size}x{size}x{c_in}: out[co, h, w] = W[co, ci] x X[ci, h, w])."""
+    x, w, y = f"tensor<1x{c_in}x{size}x{size}xf32>", f"tensor<{c_out}x{c_in}x1x1xf32>", f"tensor<1x{c_out}x{size}x{size}xf32>"
+    padded = f"tensor<1x{c_out}x{size + 2}x{size + 2}xf32>"
+    return f"""
+#id = affine_map<(n, c, h, w) -> (n, c, h, w)>
+func.func @main(%x: {x}, %w: {w}, %dw: tensor<{c_out}x3x3xf32>) -> {y} {{
+  %z = arith.constant 0.0 : f32
+  %e = tensor.empty() : {y}
+  %f = linalg.fill ins(%z : f32) outs(%e : {y}) -> {y}
+  %c = linalg.conv_2d_nchw_fchw {{dilations = dense<1> : tensor<2xi64>, strides = dense<1> : tensor<2xi64>}}
+       ins(%x, %w : {x}, {w}) outs(%f : {y}) -> {y}
+  %r = linalg.generic {{indexing_maps = [#id, #id], iterator_types = ["parallel", "parallel", "parallel", "parallel"]}}
+      ins(%c : {y}) outs(%e : {y}) {{
+  ^bb0(%v: f32, %o: f32):
+    %m = arith.maximumf %v, %z : f32
+    linalg.yield %m : f32
+  }} -> {y}
+  %p = tensor.pad %r low[0, 0, 1, 1] high[0, 0, 1, 1] {{
+  ^bb0(%i: index, %j: index, %k: index, %l: index):
+    tensor.yield %z : f32
+  }} : {y} to {padded}
+  %d = linalg.depthwise_conv_2d_nchw_chw {{dilations = dense<1> : tensor<2xi64>, strides = dense<1> : tensor<2xi64>}}
+       ins(%p, %dw : {padded}, tensor<{c_out}x3x3xf32>) outs(%f : {y}) -> {y}
+  return %d : {y}
+}}"""
+
+
 def nchw_1x1_generic(c_in: int, c_out: int, out: int, stride: int | None = None) -> str:
     """That convolution as IREE's dispatch computes it, out[co, h, w] = W[co, ci] x X[ci, h, w]
     on an out x out output. With `stride`, X is what service.ir.dispatch writes for a load that

@@ -7,7 +7,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from _shared import SHARED, nchw_1x1_module, nchw_conv_module, nchw_max_pool_module, needs_avx512, tuning_every_dispatch
+from _shared import (SHARED, nchw_1x1_module, nchw_conv_module, nchw_max_pool_module, needs_avx512,
+                     pointwise_then_depthwise_module, tuning_every_dispatch)
 
 from service.hardware.profiles import get_profile
 from service.measure.lowering import lowering_config_of
@@ -170,6 +171,24 @@ def test_a_strided_projection_is_tuned_with_output_channels_sharing_its_gathered
     (root,) = [c for _, text in dumped.ops if text is not None and (c := lowering_config_of(text)) is not None]
     co, h, _, _ = root.vector_common_parallel
     assert co > 1 and h == 1
+
+
+def test_a_1x1_convolution_over_nchw_pixels_ships_only_measured(tmp_path):
+    """Predicted 1.3-3.5x faster, 13 of 15 such configs ran slower than IREE's inside
+    EfficientNet-B0 and MobileNetV2 on a Zen 5 (docs/benchmarks.md, session 23): without
+    measurement the dispatch is not searched and says why; a job leaves it out the same way;
+    with --measure-top it is searched and measured like any root."""
+    model = tmp_path / "expand.mlir"
+    model.write_text(pointwise_then_depthwise_module())
+    report = tune_model(model, get_profile("host-cpu"), tmp_path / "spec.mlir", budget=16)
+    (pointwise,) = [d for d in report.dispatches if "matmul_like_256x14x14x64" in d.name]
+    assert not pointwise.tuned and pointwise.reason == tune.UNMEASURED_PIXEL_CONTRACTION
+    assert pointwise.evaluations == 0
+    _, left = tune.classify_dispatches(model, tmp_path)
+    assert any("1x1 convolution over NCHW pixels: a job decides its items alone" in (r.reason or "") for r in left)
+    measured = tune_model(model, get_profile("host-cpu"), tmp_path / "spec.mlir", budget=16, measure_top=1)
+    (pointwise,) = [d for d in measured.dispatches if "matmul_like_256x14x14x64" in d.name]
+    assert pointwise.evaluations > 0 and pointwise.measured_s is not None and pointwise.iree_default_measured_s is not None
 
 
 def test_a_dispatch_without_a_contraction_is_left_to_iree_with_its_reason(tmp_path):
@@ -347,7 +366,7 @@ def test_by_prediction_the_dispatch_gaining_most_decides_for_its_root_on_the_gro
     def candidate(name, weight, latency_s, default_s, kind="contraction"):
         c = tune._Candidate.__new__(tune._Candidate)
         c.dispatch, c.latency_s, c.default_s, c.refinement, c.left = Dispatch(name, name, weight, None), latency_s, default_s, None, None
-        c.root = SimpleNamespace(kind=kind)
+        c.root = SimpleNamespace(kind=kind, parallel_dims=[])
         return c
 
     tie = candidate("d0", 1, 1.690e-3, 1.694e-3)
@@ -370,11 +389,11 @@ def test_by_prediction_the_dispatch_gaining_most_decides_for_its_root_on_the_gro
     # their verdict, however much faster their plan is predicted (a helper's trial shipped one).
     convs = [candidate("c0", 1, 1e-3, 2e-3, "convolution"), candidate("c1", 1, 1e-3, 2e-3, "convolution")]
     for c in convs:
-        c.left = tune._UNTIMED_CONVOLUTION
+        c.left = tune._UNTIMED_MEASURED_ONLY
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(tune, "_root_key", lambda c: ("conv",))
         tune._leads_first(convs)
-    assert all(c.left == tune._UNTIMED_CONVOLUTION for c in convs)
+    assert all(c.left == tune._UNTIMED_MEASURED_ONLY for c in convs)
 
 
 def test_a_batched_pooling_is_left_to_iree_saying_what_it_is(tmp_path):

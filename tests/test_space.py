@@ -15,6 +15,7 @@ from service.ir.transform import check_plan
 from service.search.engine import tune
 from service.search.knobs import KnobName, fuse_knob, group_name, group_of, loop_knob, tile_knob
 from service.search.space import build_space
+from service.search.tile_sizes import is_dense_pixel_contraction
 
 from _shared import matmul_module, nchw_1x1_generic, workload as source
 
@@ -288,6 +289,10 @@ def test_a_strided_1x1_convolution_gives_rows_to_output_channels_not_pixels(host
     the dense convolution above turns round."""
     (spec,) = build_space(analyze(CONV1X1_NCHW_STRIDED).graph, host, {}).groups
     assert spec.inner_choices[1] == [1]
+    kinds = {name: [op for op in analyze(text).graph.ops.values() if op.kind == "contraction"][0]
+             for name, text in (("dense", CONV1X1_NCHW), ("strided", CONV1X1_NCHW_STRIDED), ("pixels last", PIXELS_INNERMOST))}
+    assert is_dense_pixel_contraction(kinds["dense"])  # model tune ships it only measured
+    assert not is_dense_pixel_contraction(kinds["strided"]) and not is_dense_pixel_contraction(kinds["pixels last"])
     assert {4, 8} <= set(spec.inner_choices[0]) and 14 in spec.inner_choices[2]
 
 

@@ -97,6 +97,19 @@ def reduction_sizes(extent: int, dividing: bool = False) -> list[int]:
 # --------------------------------------------------------------------------- building the space
 
 
+def is_dense_pixel_contraction(op: TileableOp) -> bool:
+    """A contraction whose vector operand (the input the innermost parallel dim indexes) has two
+    parallel dims or more of its own and is read densely: a 1x1 convolution over NCHW as IREE
+    forms it, out[co, h, w] = W[co, ci] x X[ci, h, w]."""
+    if op.kind != "contraction" or not op.parallel_dims:
+        return False
+    vector_input = next((i for i, dims in enumerate(op.operand_dims[:op.num_inputs]) if op.parallel_dims[-1] in dims), None)
+    if vector_input is None or (op.operand_steps and op.operand_steps[vector_input] > 1):
+        return False
+    dims = op.operand_dims[vector_input]
+    return sum(1 for d in op.parallel_dims if d in dims and d not in op.batch_dims) >= 2
+
+
 def single_row_dims(op: TileableOp) -> list[int]:
     """A contraction's parallel dims that keep a register tile of 1, as in IREE's default: those
     of the broadcast operand when the vector operand (the input the innermost parallel dim
@@ -118,6 +131,6 @@ def single_row_dims(op: TileableOp) -> list[int]:
     own = [d for d in op.parallel_dims if d in vector_operand and d not in op.batch_dims]
     if op.operand_steps and op.operand_steps[vector_input] > 1:
         return own[:-1]
-    if len(own) < 2:
+    if not is_dense_pixel_contraction(op):
         return []
     return [d for d in op.parallel_dims if d not in vector_operand and d not in op.batch_dims]
