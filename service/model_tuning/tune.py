@@ -71,8 +71,8 @@ UNMEASURED_CONVOLUTION = ("a convolution's config ships only when measured faste
                           "the cost model is unchecked on convolutions; IREE's own config is kept")
 UNMEASURED_PIXEL_CONTRACTION = (
     "a 1x1 convolution over NCHW pixels (out[co, h, w] = W[co, ci] x X[ci, h, w]) ships only when measured faster "
-    "inside the model (--measure-top K): predicted 1.3-3.5x faster, 13 of 15 such configs ran slower than IREE's "
-    "inside EfficientNet-B0 and MobileNetV2; IREE's own config is kept")
+    "inside the model (--measure-top K): the cost model misranks their configs inside a model (docs/benchmarks.md); "
+    "IREE's own config is kept")
 _UNTIMED_MEASURED_ONLY = ("no plan of this dispatch could be timed inside the model, and its config ships only when "
                           "measured faster; IREE's own config is kept")
 
