@@ -56,15 +56,14 @@ from service.measure.whole_model import (
     model_arguments,
 )
 from service.search.engine import tune
-from service.search.guard import (MEASURED_MARGIN, iree_default_plan, measured_verdict, predicted_default_s,
-                                  predicted_verdict)
+from service.search.guard import iree_default_plan, measured_verdict, predicted_default_s, predicted_verdict
 from service.search.refine import MeasuredPlan, Refinement, top_plans, with_measured_choice
 from service.search.candidate import Evaluation
 from service.search.results import TuneResult
 from service.search.task_scheduler import TaskState, schedule
 from service.search.tile_sizes import is_dense_pixel_contraction
 
-from .in_model import RootUnderTest, confirm_in_model, time_in_model, whole_build_choice
+from .in_model import RootUnderTest, confirm_in_model, time_in_model, whole_build_choice, whole_model_shortfall
 
 ProgressFn = Callable[[str, int, int], None]  # (dispatch name, slices done, slices in all)
 UNMEASURED_CONVOLUTION = ("a convolution's config ships only when measured faster inside the model (--measure-top K): "
@@ -616,7 +615,8 @@ def tune_model(model: Path, hardware: HardwareModel, spec_out: Path, *, budget: 
         if measure_top and tuned and verify:
             with refused_as(f"cannot run {model.name} with the spec to measure it"):
                 measured_model = confirm_in_model(workdir / "default.vmfb", workdir / "tuned.vmfb", function, flags, calls)
-            shortfall = _whole_model_shortfall(measured_model, reports)
+            shortfall = whole_model_shortfall(
+                measured_model, sum(r.iree_default_measured_s or 0.0 for r in reports if r.tuned), len(reports) > 1)
             if shortfall is not None:
                 _withdraw(reports, searches, matchers, spec_out, shortfall)
                 tuned = {}
@@ -632,27 +632,6 @@ def tune_model(model: Path, hardware: HardwareModel, spec_out: Path, *, budget: 
                                                            refinement=c.refinement)
                                           for c in candidates if c.refinement is not None
                                           and c.dispatch.entry not in stored])
-
-
-def _whole_model_shortfall(measured: tuple[float, float], reports: list[DispatchReport]) -> str | None:
-    """Why the whole model, measured (IREE's default build, the spec's), does not show the gain
-    its tuned dispatches shipped with, or None when it does. Each tuned dispatch was measured at
-    least MEASURED_MARGIN faster inside the model, so the run must be faster by that margin on
-    the tuned dispatches' share of it: a 0.5 ms model whose one dispatch measured 1.21x faster in
-    one round ran 0.5% faster whole, and 0.97x in `model bench` (docs/benchmarks.md, session 23)."""
-    default_s, tuned_s = measured
-    multi = len(reports) > 1
-    why = "a tuned dispatch can slow the ones that read its output" if multi else "the whole run is what ships"
-    if tuned_s >= default_s:
-        return (f"the whole model measured no faster with the spec: {tuned_s * 1e3:.3f} ms against IREE's default "
-                f"{default_s * 1e3:.3f} ms per run, all dispatches ({why}): IREE's own config is kept")
-    share_s = min(default_s, sum(r.iree_default_measured_s or 0.0 for r in reports if r.tuned))
-    expected_s = share_s * (1 - 1 / (1 + MEASURED_MARGIN))
-    if default_s - tuned_s >= expected_s:
-        return None
-    return (f"the whole model measured {tuned_s * 1e3:.3f} ms with the spec against IREE's default {default_s * 1e3:.3f} ms "
-            f"per run: less than the {MEASURED_MARGIN:.0%} its tuned dispatches ({share_s / default_s:.0%} of the run) "
-            "shipped with, so their gain was the timing's noise: IREE's own config is kept")
 
 
 def _withdraw(reports: list[DispatchReport], searches: list[DispatchSearch], matchers: dict, spec_out: Path,
