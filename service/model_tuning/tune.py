@@ -614,7 +614,7 @@ def tune_model(model: Path, hardware: HardwareModel, spec_out: Path, *, budget: 
         measured_model = None
         if measure_top and tuned and verify:
             with refused_as(f"cannot run {model.name} with the spec to measure it"):
-                measured_model = confirm_in_model(workdir / "default.vmfb", workdir / "tuned.vmfb", function, flags, calls)
+                measured_model = confirm_in_model(workdir / "default.vmfb", workdir / "tuned.vmfb", function, flags)
             shortfall = whole_model_shortfall(
                 measured_model, sum(r.iree_default_measured_s or 0.0 for r in reports if r.tuned), len(reports) > 1)
             if shortfall is not None:
