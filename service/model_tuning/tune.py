@@ -57,7 +57,7 @@ from service.measure.whole_model import (
 )
 from service.search.engine import tune
 from service.search.guard import iree_default_plan, measured_verdict, predicted_default_s, predicted_verdict
-from service.search.refine import MeasuredPlan, Refinement, top_plans, with_measured_choice
+from service.search.refine import MeasuredPlan, Refinement, is_forceable, top_plans, with_measured_choice
 from service.search.candidate import Evaluation
 from service.search.results import TuneResult
 from service.search.task_scheduler import TaskState, schedule
@@ -339,13 +339,11 @@ def _search(candidates: list[_Candidate], hardware: HardwareModel, budget: int, 
 
 
 def _best_configuring_root(result: TuneResult, root_uid: int) -> Evaluation | None:
-    """The best feasible plan the search found that gives the root a config. Inside a model, a
-    plan that leaves the root untiled runs IREE's own config (the guard's baseline), not the
-    untiled op the cost model prices; the super-tiling baseline leaves the vector tile to the
-    compiler, which a forced config cannot (refine.top_plans)."""
+    """The best plan the search found that IREE can be forced to (refine.is_forceable) and that
+    gives the root a config. Inside a model, a plan that leaves the root untiled runs IREE's own
+    config (the guard's baseline), not the untiled op the cost model prices."""
     configuring = [t for t in result.trials
-                   if t.stage == "cost" and t.feasible and t.latency_s is not None and t.source != "supertiling"
-                   and t.plan and any(g["anchor"] == root_uid for g in t.plan.get("groups", []))]
+                   if is_forceable(t) and any(g["anchor"] == root_uid for g in t.plan["groups"])]
     return min(configuring, key=lambda t: t.rank, default=None)
 
 

@@ -19,6 +19,7 @@ from service.ir.plan import Plan
 from service.measure.forcing import NotMeasurable
 from service.measure.timing import BenchSettings, Measurement, measure_plans_and_default
 
+from .candidate import Evaluation
 from .guard import MEASURED_MARGIN
 from .results import TuneResult
 
@@ -53,18 +54,23 @@ class Refinement(BaseModel):
         }
 
 
+def is_forceable(t: Evaluation) -> bool:
+    """A feasible, costed plan that IREE can be given as a config: it tiles something, and is not
+    the super-tiling baseline, which leaves the vector tiles to the compiler (a forced config's
+    zeros make the whole distribution tile one vector op, and IREE refuses it: "large vector
+    sizes")."""
+    return (t.stage == "cost" and t.feasible and t.latency_s is not None and bool(t.plan and t.plan.get("groups"))
+            and t.source != "supertiling")
+
+
 def top_plans(result: TuneResult, k: int) -> list[tuple[dict, str, float]]:
     """The k feasible plans with the lowest predicted latency that IREE would compile
     differently: (plan, hash, latency). The harness forces tile sizes only (IREE forms its own
     dispatches and distributes level 0 itself), so plans that differ only in loop kinds or
-    fusion choices are one measurement. The super-tiling baseline is not one of them: it
-    tiles for memory only and leaves the vector tiles to the compiler, which a forced config
-    cannot (its zeros make the whole distribution tile one vector op, and IREE refuses it:
-    "large vector sizes")."""
+    fusion choices are one measurement. Only plans IREE can be forced to (`is_forceable`)."""
     seen: set[tuple] = set()
     ranked = []
-    for t in sorted((t for t in result.trials if t.stage == "cost" and t.feasible and t.plan and t.plan.get("groups")
-                     and t.latency_s is not None and t.source != "supertiling"), key=lambda t: t.latency_s):
+    for t in sorted((t for t in result.trials if is_forceable(t)), key=lambda t: t.latency_s):
         key = _as_measured(t.plan)
         if key in seen:
             continue

@@ -97,13 +97,18 @@ def reduction_sizes(extent: int, dividing: bool = False) -> list[int]:
 # --------------------------------------------------------------------------- building the space
 
 
+def _vector_input(op: TileableOp) -> int | None:
+    """A contraction's vector operand: the first input the innermost parallel dim indexes."""
+    if op.kind != "contraction" or not op.parallel_dims:
+        return None
+    return next((i for i, dims in enumerate(op.operand_dims[:op.num_inputs]) if op.parallel_dims[-1] in dims), None)
+
+
 def is_dense_pixel_contraction(op: TileableOp) -> bool:
     """A contraction whose vector operand (the input the innermost parallel dim indexes) has two
     parallel dims or more of its own and is read densely: a 1x1 convolution over NCHW as IREE
     forms it, out[co, h, w] = W[co, ci] x X[ci, h, w]."""
-    if op.kind != "contraction" or not op.parallel_dims:
-        return False
-    vector_input = next((i for i, dims in enumerate(op.operand_dims[:op.num_inputs]) if op.parallel_dims[-1] in dims), None)
+    vector_input = _vector_input(op)
     if vector_input is None or (op.operand_steps and op.operand_steps[vector_input] > 1):
         return False
     dims = op.operand_dims[vector_input]
@@ -122,9 +127,7 @@ def single_row_dims(op: TileableOp) -> list[int]:
     share a gather, so the vector operand's own rows keep 1 (a stride-2 1x1 convolution on a
     Zen 5: 8 rows of co by 14 of w ran 6.6x faster than 1 by 14, and 14 rows of h by 14 no
     faster; docs/benchmarks.md)."""
-    if op.kind != "contraction" or not op.parallel_dims:
-        return []
-    vector_input = next((i for i, dims in enumerate(op.operand_dims[:op.num_inputs]) if op.parallel_dims[-1] in dims), None)
+    vector_input = _vector_input(op)
     if vector_input is None:
         return []
     vector_operand = op.operand_dims[vector_input]
