@@ -279,6 +279,17 @@ func.func @main(%x: {x}, %w: {w}, %dw: tensor<{c_out}x3x3xf32>) -> {y} {{
 }}"""
 
 
+def _multiply_add(result_type: str) -> str:
+    """A contraction generic's region (a x b added to the accumulator), its end and the return."""
+    return f"""    ^bb0(%a: f32, %b: f32, %acc: f32):
+      %m = arith.mulf %a, %b : f32
+      %s = arith.addf %acc, %m : f32
+      linalg.yield %s : f32
+  }} -> {result_type}
+  return %c : {result_type}
+}}"""
+
+
 def nchw_1x1_generic(c_in: int, c_out: int, out: int, stride: int | None = None) -> str:
     """That convolution as IREE's dispatch computes it, out[co, h, w] = W[co, ci] x X[ci, h, w]
     on an out x out output. With `stride`, X is what service.ir.dispatch writes for a load that
@@ -302,13 +313,7 @@ func.func @conv1x1({arg}, %wt: {w}) -> {y} {{
   %f = linalg.fill ins(%zero : f32) outs(%e : {y}) -> {y}
   %c = linalg.generic {{indexing_maps = [#x, #w, #o], iterator_types = ["parallel", "parallel", "parallel", "reduction"]}}
       ins(%x, %wt : {x}, {w}) outs(%f : {y}) {{
-    ^bb0(%a: f32, %b: f32, %acc: f32):
-      %m = arith.mulf %a, %b : f32
-      %s = arith.addf %acc, %m : f32
-      linalg.yield %s : f32
-  }} -> {y}
-  return %c : {y}
-}}"""
+{_multiply_add(y)}"""
 
 
 def nhwc_depthwise_module(batch: int, size: int = 16, channels: int = 32) -> str:
@@ -354,3 +359,23 @@ func.func @mm(%a: tensor<64x96xf32>, %b: tensor<96x80xf32>) -> tensor<64x80xf32>
 
 needs_avx512 = pytest.mark.skipif("avx512f" not in Path("/proc/cpuinfo").read_text(),
                                   reason="host-cpu is pinned to an AVX-512 reference host; IREE compiles for this CPU")
+
+
+def first_input_vectors_matmul(m: int, n: int, k: int, image_first: bool = True) -> str:
+    """A 1x1 convolution over NCHW with its pixels collapsed, as IREE's dispatch computes it:
+    out[co, p] = X[ci, p] x W[co, ci], the image first as linalg.conv_2d_nchw_fchw has it (or,
+    with `image_first=False`, the same product with its inputs the other way round)."""
+    x, w, y = f"tensor<{k}x{n}xf32>", f"tensor<{m}x{k}xf32>", f"tensor<{m}x{n}xf32>"
+    ins = f"%x, %w : {x}, {w}" if image_first else f"%w, %x : {w}, {x}"
+    maps = "[#x, #w, #o]" if image_first else "[#w, #x, #o]"
+    return f"""
+#x = affine_map<(co, p, ci) -> (ci, p)>
+#w = affine_map<(co, p, ci) -> (co, ci)>
+#o = affine_map<(co, p, ci) -> (co, p)>
+func.func @conv1x1(%x: {x}, %w: {w}) -> {y} {{
+  %zero = arith.constant 0.0 : f32
+  %e = tensor.empty() : {y}
+  %f = linalg.fill ins(%zero : f32) outs(%e : {y}) -> {y}
+  %c = linalg.generic {{indexing_maps = {maps}, iterator_types = ["parallel", "parallel", "reduction"]}}
+      ins({ins}) outs(%f : {y}) {{
+{_multiply_add(y)}"""

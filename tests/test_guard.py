@@ -14,7 +14,8 @@ from fastapi.testclient import TestClient
 from markupsafe import escape
 from typer.testing import CliRunner
 
-from _shared import MATMUL_100, SHARED, TWO_STACKED_MATMULS, matmul_module, needs_avx512, workload
+from _shared import (MATMUL_100, SHARED, TWO_STACKED_MATMULS, first_input_vectors_matmul, matmul_module,
+                     needs_avx512, workload)
 
 from service.api.app import create_app
 from service.cli import app
@@ -197,6 +198,22 @@ def test_a_pick_predicted_faster_than_irees_default_is_answered_with_both_number
     # config, so the untiled plan is no rival to IREE's default: the best tiled plan answers.
     (untiled,) = [t for t in result.trials if t.source == "untiled"]
     assert untiled.latency_s < result.predicted["latency_s"]
+
+
+def test_a_contraction_vectorized_along_its_first_input_is_left_to_iree_unless_measured(host):
+    """IREE transposes the accumulator in every reduction step of such a contraction (a 1x1
+    convolution over NCHW, image first), which the model does not price: a prediction never
+    ships a config for it, however much faster; a measured decision may."""
+    module = first_input_vectors_matmul(256, 169, 128)
+    result = guard.tune_from_iree_default(module, host, budget=16, seed=0, workers=1)
+    record = result.iree_default
+    assert result.plan == {"groups": []} and record["kept"] is True
+    assert "vectorized along its first input" in record["reason"] and "measure_top" in record["reason"]
+    other_way = guard.tune_from_iree_default(first_input_vectors_matmul(256, 169, 128, image_first=False), host,
+                                             budget=16, seed=0, workers=1)
+    assert "vectorized along its first input" not in (other_way.iree_default["reason"] or "")
+    measured = guard.tune_from_iree_default(module, host, guard=False, budget=4, seed=0, workers=1)
+    assert measured.plan["groups"] and "kept" not in measured.iree_default
 
 
 def test_the_engine_keeps_its_start_by_its_margin_unless_the_caller_judges(host):

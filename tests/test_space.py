@@ -15,9 +15,9 @@ from service.ir.transform import check_plan
 from service.search.engine import tune
 from service.search.knobs import KnobName, fuse_knob, group_name, group_of, loop_knob, tile_knob
 from service.search.space import build_space
-from service.search.tile_sizes import is_dense_pixel_contraction
+from service.search.tile_sizes import is_dense_pixel_contraction, vectorizes_first_input
 
-from _shared import matmul_module, nchw_1x1_generic, workload as source
+from _shared import first_input_vectors_matmul, matmul_module, nchw_1x1_generic, workload as source
 
 
 def evaluated_plans(result) -> list[Plan]:
@@ -291,9 +291,24 @@ def test_a_strided_1x1_convolution_gives_rows_to_output_channels_not_pixels(host
     assert spec.inner_choices[1] == [1]
     kinds = {name: [op for op in analyze(text).graph.ops.values() if op.kind == "contraction"][0]
              for name, text in (("dense", CONV1X1_NCHW), ("strided", CONV1X1_NCHW_STRIDED), ("pixels last", PIXELS_INNERMOST))}
-    assert is_dense_pixel_contraction(kinds["dense"])  # model tune ships it only measured
+    assert is_dense_pixel_contraction(kinds["dense"])
     assert not is_dense_pixel_contraction(kinds["strided"]) and not is_dense_pixel_contraction(kinds["pixels last"])
+    # model tune ships the dense one only measured; the strided one's gathers are priced
+    assert vectorizes_first_input(kinds["dense"]) and not vectorizes_first_input(kinds["strided"])
+    assert not vectorizes_first_input(kinds["pixels last"])
     assert {4, 8} <= set(spec.inner_choices[0]) and 14 in spec.inner_choices[2]
+
+
+def test_a_contraction_is_told_apart_by_which_input_is_vectorized():
+    """IREE lowers a contraction to outer products along its second input's free dim: with the
+    image first (a 1x1 convolution over NCHW, pixels collapsed or not) the vectors run along the
+    first input, and each reduction step transposes the accumulator."""
+    def root(text):
+        (op,) = [op for op in analyze(text).graph.ops.values() if op.kind == "contraction"]
+        return op
+    assert vectorizes_first_input(root(first_input_vectors_matmul(1000, 169, 512)))
+    assert not vectorizes_first_input(root(first_input_vectors_matmul(1000, 169, 512, image_first=False)))
+    assert not vectorizes_first_input(root(PIXELS_INNERMOST))  # linalg.matmul: weight first
 
 
 def test_a_long_odd_vector_dim_gets_whole_vectors_and_a_short_one_a_divisor_width():

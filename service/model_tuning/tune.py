@@ -56,34 +56,20 @@ from service.measure.whole_model import (
     model_arguments,
 )
 from service.search.engine import tune
-from service.search.guard import iree_default_plan, measured_verdict, predicted_default_s, predicted_verdict
+from service.search.guard import (iree_default_plan, measured_only, measured_verdict, predicted_default_s, predicted_verdict,
+                                  unmeasured_reason)
 from service.search.refine import MeasuredPlan, Refinement, is_forceable, top_plans, with_measured_choice
 from service.search.candidate import Evaluation
 from service.search.results import TuneResult
 from service.search.task_scheduler import TaskState, schedule
-from service.search.tile_sizes import is_dense_pixel_contraction
 
 from .in_model import RootUnderTest, confirm_in_model, time_in_model, whole_build_choice, whole_model_shortfall
 
 ProgressFn = Callable[[str, int, int], None]  # (dispatch name, slices done, slices in all)
-UNMEASURED_CONVOLUTION = ("a convolution's config ships only when measured faster inside the model (--measure-top K): "
-                          "the cost model is unchecked on convolutions; IREE's own config is kept")
-UNMEASURED_PIXEL_CONTRACTION = (
-    "a 1x1 convolution over NCHW pixels (out[co, h, w] = W[co, ci] x X[ci, h, w]) ships only when measured faster "
-    "inside the model (--measure-top K): the cost model misranks their configs inside a model (docs/benchmarks.md); "
-    "IREE's own config is kept")
 _UNTIMED_MEASURED_ONLY = ("no plan of this dispatch could be timed inside the model, and its config ships only when "
                           "measured faster; IREE's own config is kept")
 
 
-def measured_only(root: TileableOp) -> str | None:
-    """Why a root's config ships only when measured inside the model (None: a prediction may ship
-    it): the cost model does not rank its configs well enough to ship one unmeasured."""
-    if root.kind == "convolution":
-        return UNMEASURED_CONVOLUTION
-    if is_dense_pixel_contraction(root):
-        return UNMEASURED_PIXEL_CONTRACTION
-    return None
 _SLICE = 32  # evaluations per scheduler slice
 
 
@@ -267,9 +253,8 @@ def classify_dispatches(model: Path, workdir: Path) -> tuple[list[Dispatch], lis
     for dispatch in _dispatches(sources, model):
         candidate, report = _classify(dispatch)
         if candidate is not None and (why := measured_only(candidate.root)):
-            what = "convolution" if candidate.root.kind == "convolution" else "1x1 convolution over NCHW pixels"
-            report.reason = (f"{what}: a job decides its items alone, and this config ships only when measured inside "
-                             f"the whole model (`tilesearch model tune --measure-top K`); IREE's own config is kept")
+            report.reason = (f"{why}; a job decides its items alone, and this config ships only when measured inside "
+                             f"the whole model (`tilesearch model tune --measure-top K`): IREE's own config is kept")
             candidate = None
         if candidate is not None:
             tunable.append(dispatch)
@@ -535,7 +520,7 @@ def tune_model(model: Path, hardware: HardwareModel, spec_out: Path, *, budget: 
         classified = [_classify(d) for d in dispatches]
         for c, report in classified:
             if c is not None and not measure_top and (why := measured_only(c.root)):
-                report.reason = why  # not searched: nothing would ship
+                report.reason = unmeasured_reason(why, "inside the model (--measure-top K)")  # not searched: nothing would ship
         candidates = [c for c, r in classified if c is not None and r.reason is None]
         reports = [r for _, r in classified]
         default = _default_build(model, candidates, workdir) if candidates else {}

@@ -37,6 +37,7 @@ from .candidate import Evaluation
 from .engine import tune
 from .evaluator import price_plans
 from .results import TuneResult
+from .tile_sizes import vectorizes_first_input
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +72,23 @@ def predicted_default_s(module: str, hardware: HardwareModel, default_plan: dict
         return None
     (ev,) = price_plans(module, hardware, [default_plan])
     return ev.latency_s if ev.stage == "cost" else None
+
+
+def measured_only(root: TileableOp) -> str | None:
+    """What a root is when its config ships only when measured faster than IREE's (None: a
+    prediction may ship it): the cost model does not rank its configs well enough."""
+    if root.kind == "convolution":
+        return "a convolution: the cost model is unchecked on convolutions"
+    if vectorizes_first_input(root):
+        return ("a contraction vectorized along its first input (a 1x1 convolution over NCHW: "
+                "out[co, p] = X[ci, p] x W[co, ci]): IREE's vector lowering then transposes the accumulator "
+                "in every reduction step, which the cost model does not price (docs/benchmarks.md)")
+    return None
+
+
+def unmeasured_reason(what: str, measured_how: str = "on this machine (measure_top, tune --measure-top K)") -> str:
+    """Why a measured-only root (`measured_only` says `what` it is) is left to IREE unmeasured."""
+    return f"{what}; its config ships only when measured faster {measured_how}: IREE's own config is kept"
 
 
 def _ms(seconds: float) -> str:
@@ -164,6 +182,8 @@ def guarded(source: str | bytes, result: TuneResult, hardware: HardwareModel, de
         # (about the model's top-1 regret on the broad corpus); the engine itself answers its best
         # and leaves this judgement here (tune_from_iree_default).
         verdict = predicted_verdict(pick.latency_s, default_s, margin=engine.KEEP_START_MARGIN)
+        if verdict is None and (what := measured_only(cached_analysis(source).graph.op(default.anchor))):
+            verdict = unmeasured_reason(what)
     if verdict is not None:
         verdict += (f"; the best of {result.evaluations} plans searched"
                     + ("" if result.complete else ", cut short by the time limit"))

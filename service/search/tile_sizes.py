@@ -115,6 +115,21 @@ def is_dense_pixel_contraction(op: TileableOp) -> bool:
     return sum(1 for d in op.parallel_dims if d in dims and d not in op.batch_dims) >= 2
 
 
+def vectorizes_first_input(op: TileableOp) -> bool:
+    """A contraction whose first input, read densely, is the one the innermost parallel dim
+    indexes and its second input is not: a 1x1 convolution over NCHW as IREE forms it, image
+    first as `linalg.conv_2d_nchw_fchw` has it, out[co, p] = X[ci, p] x W[co, ci]. IREE's vector
+    lowering makes outer products along the second input's free dim, so the config's vectors
+    along the first input's cost a transpose of the accumulator and of the weight tile in every
+    reduction step, element by element (read in the IR before LLVM); the cost model does not
+    price that, and on a Zen 3 IREE's own config of such a matmul ran 2.1x slower than with the
+    inputs the other way round, 6 rows by 2 vectors 3.8x (docs/benchmarks.md, session 24)."""
+    if _vector_input(op) != 0 or op.num_inputs < 2:
+        return False
+    dense = not (op.operand_steps and op.operand_steps[0] > 1)
+    return dense and op.parallel_dims[-1] not in op.operand_dims[1]
+
+
 def single_row_dims(op: TileableOp) -> list[int]:
     """A contraction's parallel dims that keep a register tile of 1, as in IREE's default: those
     of the broadcast operand when the vector operand (the input the innermost parallel dim
