@@ -68,8 +68,6 @@ from .in_model import RootUnderTest, confirm_in_model, time_in_model, whole_buil
 ProgressFn = Callable[[str, int, int], None]  # (dispatch name, slices done, slices in all)
 _UNTIMED_MEASURED_ONLY = ("no plan of this dispatch could be timed inside the model, and its config ships only when "
                           "measured faster; IREE's own config is kept")
-
-
 _SLICE = 32  # evaluations per scheduler slice
 
 
@@ -253,8 +251,8 @@ def classify_dispatches(model: Path, workdir: Path) -> tuple[list[Dispatch], lis
     for dispatch in _dispatches(sources, model):
         candidate, report = _classify(dispatch)
         if candidate is not None and (why := measured_only(candidate.root)):
-            report.reason = (f"{why}; a job decides its items alone, and this config ships only when measured inside "
-                             f"the whole model (`tilesearch model tune --measure-top K`): IREE's own config is kept")
+            report.reason = unmeasured_reason(f"{why}; a job decides its items alone",
+                                              "inside the whole model (`tilesearch model tune --measure-top K`)")
             candidate = None
         if candidate is not None:
             tunable.append(dispatch)

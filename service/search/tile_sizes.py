@@ -97,6 +97,11 @@ def reduction_sizes(extent: int, dividing: bool = False) -> list[int]:
 # --------------------------------------------------------------------------- building the space
 
 
+def _read_with_step(op: TileableOp, operand: int) -> bool:
+    """The operand is read through a slice that steps over elements (a strided convolution's input)."""
+    return bool(op.operand_steps) and op.operand_steps[operand] > 1
+
+
 def _vector_input(op: TileableOp) -> int | None:
     """A contraction's vector operand: the first input the innermost parallel dim indexes."""
     if op.kind != "contraction" or not op.parallel_dims:
@@ -109,7 +114,7 @@ def is_dense_pixel_contraction(op: TileableOp) -> bool:
     parallel dims or more of its own and is read densely: a 1x1 convolution over NCHW as IREE
     forms it, out[co, h, w] = W[co, ci] x X[ci, h, w]."""
     vector_input = _vector_input(op)
-    if vector_input is None or (op.operand_steps and op.operand_steps[vector_input] > 1):
+    if vector_input is None or _read_with_step(op, vector_input):
         return False
     dims = op.operand_dims[vector_input]
     return sum(1 for d in op.parallel_dims if d in dims and d not in op.batch_dims) >= 2
@@ -124,10 +129,9 @@ def vectorizes_first_input(op: TileableOp) -> bool:
     reduction step, element by element (read in the IR before LLVM); the cost model does not
     price that, and on a Zen 3 IREE's own config of such a matmul ran 2.1x slower than with the
     inputs the other way round, 6 rows by 2 vectors 3.8x (docs/benchmarks.md, session 24)."""
-    if _vector_input(op) != 0 or op.num_inputs < 2:
+    if _vector_input(op) != 0 or op.num_inputs < 2 or _read_with_step(op, 0):
         return False
-    dense = not (op.operand_steps and op.operand_steps[0] > 1)
-    return dense and op.parallel_dims[-1] not in op.operand_dims[1]
+    return op.parallel_dims[-1] not in op.operand_dims[1]
 
 
 def single_row_dims(op: TileableOp) -> list[int]:
@@ -147,7 +151,7 @@ def single_row_dims(op: TileableOp) -> list[int]:
         return []
     vector_operand = op.operand_dims[vector_input]
     own = [d for d in op.parallel_dims if d in vector_operand and d not in op.batch_dims]
-    if op.operand_steps and op.operand_steps[vector_input] > 1:
+    if _read_with_step(op, vector_input):
         return own[:-1]
     if not is_dense_pixel_contraction(op):
         return []
