@@ -26,6 +26,7 @@ import math
 import random
 import statistics
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,6 +45,7 @@ from service.measure.forcing import NotMeasurable  # noqa: E402
 from service.measure.lowering import levels_from_lowering_config, lowering_config_of  # noqa: E402
 from service.measure.timing import iree_default_configs, measure_plans_and_default  # noqa: E402
 from service.search.evaluator import price_plans  # noqa: E402
+from service.search.guard import PREDICTED_MARGIN  # noqa: E402
 from service.measure.calibration_plans import dispatch_members  # noqa: E402
 
 # (model, layer, in channels, out channels, output size, filter, stride, batch)
@@ -138,41 +140,51 @@ class Measured:
     measured_s: list[float | None]
 
 
-def _plan(anchor: int, fuse: list[int], levels: list[list[int]]) -> dict:
-    return {"groups": [{"anchor": anchor, "fuse": fuse, "levels": [{"tile_sizes": t} for t in levels]}]}
+def grid_plan(anchor: int, fuse: list[int], levels: list[list[int]]) -> dict:
+    """A grid config as a plan: IREE's three levels, the first distributed over the cores as
+    IREE's workgroups are (levels_from_lowering_config, which prices IREE's default)."""
+    return {"groups": [{"anchor": anchor, "fuse": fuse, "levels": [
+        {"tile_sizes": t, "loop": "forall" if i == 0 else "for"} for i, t in enumerate(levels)]}]}
 
 
 def measure_shape(s: ConvShape, cache: MeasurementCache, measure: bool) -> Measured | None:
     text = module_text(s)
-    graph = analyze(text).graph
-    conv = next(op for op in graph.ops.values() if op.kind == "convolution")
     key = measurement_key(text, {"conv_grid": s.name, "size": GRID_SIZE}, SETTINGS)
+    return measure_grid(s, text, "convolution", key, cache, measure, lambda distribution: grid(s, distribution))
+
+
+def measure_grid(shape, text: str, root_kind: str, key: str, cache: MeasurementCache, measure: bool,
+                 grid_of: Callable[[list[int]], list[list[list[int]]]]) -> Measured | None:
+    """One shape's grid (`grid_of` IREE's default distribution) and IREE's default, from the
+    host's cache under `key` or measured (`measure`); None when neither."""
+    graph = analyze(text).graph
+    root = next(op for op in graph.ops.values() if op.kind == root_kind)
     default = cache.get(f"{key}:default")
     if default is None and not measure:
         return None
     if default is None:
-        distribution = lowering_config_of(iree_default_configs(text, 120.0)[-1]).distribution
+        distribution = list(lowering_config_of(iree_default_configs(text, 120.0)[-1]).distribution)
     else:
-        distribution = default.config[0].distribution
-    fuse = dispatch_members(graph, conv.uid)  # the fill, as IREE's dispatch holds it
-    plans = [_plan(conv.uid, fuse, levels) for levels in grid(s, distribution)]
+        distribution = list(default.config[0].distribution)
+    fuse = dispatch_members(graph, root.uid)  # the fill, as IREE's dispatch holds it
+    plans = [grid_plan(root.uid, fuse, levels) for levels in grid_of(distribution)]
     got = [cache.get(f"{key}:{i}") for i in range(len(plans))]
     if default is None or any(g is None for g in got):
         try:
             got, default = measure_plans_and_default(text, plans, settings=SETTINGS)
         except NotMeasurable as exc:
-            print(f"{s.name}: {exc.reason}", file=sys.stderr)
+            print(f"{shape.name}: {exc.reason}", file=sys.stderr)
             return None
         for i, m in enumerate(got):
             cache.put(f"{key}:{i}", m)
         cache.put(f"{key}:default", default)
-    default_plan = {"groups": [{"anchor": conv.uid, "fuse": fuse, "levels": levels_from_lowering_config(default.config[0])}]}
+    default_plan = {"groups": [{"anchor": root.uid, "fuse": fuse, "levels": levels_from_lowering_config(default.config[0])}]}
     times = [read_time(m, default, "cpu") for m in got] + [read_time(default, default, "cpu")]
-    return Measured(s, plans + [default_plan], times)
+    return Measured(shape, plans + [default_plan], times)
 
 
-def rank(r: Measured, hardware: HardwareModel) -> dict:
-    text = module_text(r.shape)
+def rank(r: Measured, hardware: HardwareModel, text: str) -> dict:
+    """The model's ranking of one shape's measured configs (`text`: the shape's module)."""
     pairs = [(p, t) for p, t in zip(r.plans, r.measured_s) if t and p]
     evaluations = price_plans(text, hardware, [p for p, _ in pairs])
     predicted = [e.latency_s if e.stage == "cost" else math.inf for e in evaluations]
@@ -182,13 +194,23 @@ def rank(r: Measured, hardware: HardwareModel) -> dict:
     pick = min(range(len(pairs)), key=lambda i: predicted[i])
     top3 = sorted(range(len(pairs)), key=lambda i: predicted[i])[:3]
     best = min(measured)
+    # What a decision by prediction gives against IREE's default (the last config): the pick
+    # ships only when predicted faster by the guard's margin, else IREE's default stays (1.0x).
+    ships = predicted[pick] * (1 + PREDICTED_MARGIN) < predicted[-1]
     return {"rho": float(rho), "regret": measured[pick] / best - 1, "top3_regret": min(measured[i] for i in top3) / best - 1,
             "default_over_best": measured[-1] / best if r.plans[-1] else math.nan,
+            "guarded_speedup": measured[-1] / measured[pick] if ships else 1.0,
             "predicted": predicted, "measured": measured, "plans": [p for p, _ in pairs]}
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    corpus_main(__doc__, corpus(), lambda s, cache, measure, _hardware: measure_shape(s, cache, measure), module_text)
+
+
+def corpus_main(doc: str, shapes: list, measure_one: Callable[..., Measured | None], text_of: Callable[..., str]) -> None:
+    """A corpus benchmark's command line: `measure_one(shape, cache, measure, hardware)` per shape,
+    ranked by the model of this host or of `--host`, then the report."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--measure", action="store_true", help="measure shapes missing from this host's cache")
     ap.add_argument("--details", action="store_true", help="every config of every shape")
     ap.add_argument("--host", default=None, help="another host's stored measurements")
@@ -199,30 +221,41 @@ def main() -> None:
     hardware = get_profile("host-cpu") if key == host_key() else host_profile(key)
     cache = host_cache(key)
     rows = []
-    for s in corpus():
-        r = measure_shape(s, cache, args.measure)
+    for s in shapes:
+        r = measure_one(s, cache, args.measure, hardware)
         if r is not None:
-            rows.append((r, rank(r, hardware)))
+            rows.append((r, rank(r, hardware, text_of(s))))
             print(f"{s.name}: {len(rows[-1][1]['measured'])} configs", file=sys.stderr, flush=True)
-    print(f"host {key}; {len(rows)} of {len(corpus())} shapes measured (CPU time per worker thread)\n")
-    print("| half | shapes | median rho | median top-1 regret | median best-of-top-3 regret | IREE default / grid's best (geomean) |")
-    print("|---|---|---|---|---|---|")
+    report(rows, key, len(shapes), args.details)
+
+
+def report(rows: list, key: str, n_shapes: int, details: bool) -> None:
+    """The markdown tables: per half, then per shape (`details`: every config)."""
+    print(f"host {key}; {len(rows)} of {n_shapes} shapes measured (CPU time per worker thread)\n")
+    print("| half | shapes | median rho | median top-1 regret | median best-of-top-3 regret | IREE default / grid's best (geomean) "
+          "| pick by prediction vs IREE's default (geomean, min) |")
+    print("|---|---|---|---|---|---|---|")
     for half in ("held-out", "tune"):
         xs = [x for r, x in rows if r.shape.half == half]
         if xs:
-            geo = math.exp(statistics.fmean(math.log(x["default_over_best"]) for x in xs))
+            geo = _geomean(x["default_over_best"] for x in xs)
             print(f"| {half} | {len(xs)} | {statistics.median(x['rho'] for x in xs):.2f} | "
                   f"{statistics.median(x['regret'] for x in xs):.0%} | {statistics.median(x['top3_regret'] for x in xs):.0%} | "
-                  f"{geo:.2f}x |")
-    print("\n| shape | half | rho | regret | top-3 regret | IREE default / best |")
-    print("|---|---|---|---|---|---|")
+                  f"{geo:.2f}x | {_geomean(x['guarded_speedup'] for x in xs):.2f}x, {min(x['guarded_speedup'] for x in xs):.2f}x |")
+    print("\n| shape | half | rho | regret | top-3 regret | IREE default / best | pick by prediction vs IREE's default |")
+    print("|---|---|---|---|---|---|---|")
     for r, x in rows:
         print(f"| {r.shape.name} | {r.shape.half} | {x['rho']:.2f} | {x['regret']:.0%} | {x['top3_regret']:.0%} | "
-              f"{x['default_over_best']:.2f}x |")
-        if args.details:
+              f"{x['default_over_best']:.2f}x | {x['guarded_speedup']:.2f}x |")
+        if details:
             for p, pred, meas in zip(x["plans"], x["predicted"], x["measured"]):
                 tiles = " / ".join(str(lv["tile_sizes"]) for lv in p["groups"][0]["levels"])
                 print(f"|   {tiles} | | predicted {pred * 1e3:.3f} ms | measured {meas * 1e3:.3f} ms | | |")
+
+
+
+def _geomean(xs) -> float:
+    return math.exp(statistics.fmean(math.log(x) for x in xs))
 
 
 if __name__ == "__main__":

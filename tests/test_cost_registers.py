@@ -14,7 +14,8 @@ from service.ir.plan import Plan
 from service.ir.transform import apply_plan
 
 from _cost_plans import GOOD_MATMUL, avx512_host, cost_of, matmul_plan
-from _shared import WORKLOADS, ZEN3_HOST_CACHES, ZEN3_HOST_CPUINFO, matmul_module, nchw_1x1_generic, write_cpu_sysfs
+from _shared import (WORKLOADS, ZEN3_HOST_CACHES, ZEN3_HOST_CPUINFO, first_input_vectors_matmul, matmul_module, nchw_1x1_generic,
+                     write_cpu_sysfs)
 
 
 def test_large_vector_tile_infeasible_on_host_cpu():
@@ -406,9 +407,43 @@ def test_a_vector_read_with_a_step_is_gathered_and_rows_of_the_other_operand_sha
     """B read through a stride-2 slice along the output row: no vector load reads its row, each
     element is loaded and inserted on its own. Measured on a Zen 5 (docs/benchmarks.md, session
     23): 1 channel by 14 of w at k 16 ran 23.4 ms, 8 channels by 14 at k 4 3.52 ms (6.6x: the 8
-    rows share each gathered row). Over a dense input the same tiles gather nothing."""
+    rows share each gathered row). Over a dense input the one-channel tile gathers nothing (the
+    dense form's eight channels pay IREE's outer products instead: the next test)."""
     one_row = _strided_1x1_latency(True, [64, 7, 28], [1, 1, 14], 16)
     eight_rows = _strided_1x1_latency(True, [64, 7, 28], [8, 1, 14], 4)
     assert one_row > 4 * eight_rows
-    for vec, red, strided in (([1, 1, 14], 16, one_row), ([8, 1, 14], 4, eight_rows)):
-        assert strided > 3 * _strided_1x1_latency(False, [64, 7, 28], vec, red)
+    assert one_row > 3 * _strided_1x1_latency(False, [64, 7, 28], [1, 1, 14], 16)
+
+
+def _first_input_latency(image_first: bool, n: int, dist: list[int], vec: list[int], red: int, m: int = 1000,
+                         k: int = 512) -> float:
+    with context():
+        tagged = tag_tileable_ops(parse_module(first_input_vectors_matmul(m, n, k, image_first)))
+        return estimate_cost(apply_plan(tagged, matmul_plan(dist, vec, red)).module, avx512_host()).latency_s
+
+
+def test_a_contraction_vectorized_along_its_first_input_runs_its_rows_as_outer_products() -> None:
+    """out[co, p] = X[ci, p] x W[co, ci] (a 1x1 convolution over NCHW, image first): IREE's outer
+    products run along the second input's free dim, so a tile of several output channels issues
+    one FMA per pixel on a vector of channels, broadcasting each pixel on its own, and rebuilds
+    its accumulator element by element per register tile (read in the IR before LLVM). Measured
+    on a Zen 4 (benchmarks/pointwise_fidelity.py, SqueezeNet's 1000x169x512 classifier): 8x16 at
+    k 8 ran 1.9x slower than 1x32, at k 1 6.1x; the same product weight first ran 8x16 2.7x faster
+    than 1x32 (priced 2x faster without the term). A tile of one output channel is an ordinary
+    one; the other input order pays nothing."""
+    one = _first_input_latency(True, 169, [40, 64], [1, 32], 8)
+    rows_k8 = _first_input_latency(True, 169, [40, 64], [8, 16], 8)
+    rows_k1 = _first_input_latency(True, 169, [40, 64], [8, 16], 1)
+    assert rows_k8 > 1.2 * one and rows_k1 > 3 * one
+    assert rows_k1 > 2 * rows_k8  # the accumulator is rebuilt per register tile
+    assert _first_input_latency(False, 169, [40, 64], [8, 16], 8) < one
+    assert _first_input_latency(False, 169, [40, 64], [1, 32], 8) == pytest.approx(one, rel=0.01)
+
+
+def test_a_first_input_tile_that_does_not_divide_the_pixels_is_masked_element_by_element() -> None:
+    """A pixel tile above the register tile that does not divide the pixels (169 by 64) leaves
+    the image's tile dynamic: IREE then selects and rebuilds each FMA's operand element by
+    element (twice the element work, read in the IR). 49 pixels by 49 are whole; by 32 masked."""
+    whole = _first_input_latency(True, 49, [32, 49], [8, 7], 8, m=320, k=960)
+    masked = _first_input_latency(True, 49, [32, 32], [8, 8], 8, m=320, k=960)
+    assert masked > 1.5 * whole

@@ -200,20 +200,23 @@ def test_a_pick_predicted_faster_than_irees_default_is_answered_with_both_number
     assert untiled.latency_s < result.predicted["latency_s"]
 
 
-def test_a_contraction_vectorized_along_its_first_input_is_left_to_iree_unless_measured(host):
-    """IREE transposes the accumulator in every reduction step of such a contraction (a 1x1
-    convolution over NCHW, image first), which the model does not price: a prediction never
-    ships a config for it, however much faster; a measured decision may."""
+def test_a_contraction_vectorized_along_its_first_input_is_decided_by_prediction_over_one_channel_rows(host):
+    """A 1x1 convolution over NCHW with its pixels collapsed (image first): the cost model prices
+    IREE's outer products along the output channels (cost/registers.py), so a prediction decides
+    it against IREE's default, and the search offers register tiles of one output channel only
+    (single_row_dims), which ran 1.6-2.5x faster than eight on a Zen 4. Kept 4-D (two pixel dims),
+    the form stays measured-only (test_model_tuning)."""
     module = first_input_vectors_matmul(256, 169, 128)
     result = guard.tune_from_iree_default(module, host, budget=16, seed=0, workers=1)
     record = result.iree_default
-    assert result.plan == {"groups": []} and record["kept"] is True
-    assert "vectorized along its first input" in record["reason"] and "measure_top" in record["reason"]
-    other_way = guard.tune_from_iree_default(first_input_vectors_matmul(256, 169, 128, image_first=False), host,
-                                             budget=16, seed=0, workers=1)
-    assert "vectorized along its first input" not in (other_way.iree_default["reason"] or "")
-    measured = guard.tune_from_iree_default(module, host, guard=False, budget=4, seed=0, workers=1)
-    assert measured.plan["groups"] and "kept" not in measured.iree_default
+    assert record["predicted_s"] is not None
+    assert "vectorized along its first input" not in (record["reason"] or "")
+    # IREE's own config (8 rows) is the search's warm start; every plan it searched has one row.
+    tiled = [t.plan for t in result.trials if t.stage == "cost" and t.plan and t.plan.get("groups")
+             and t.source not in ("default", "warm_start") and len(t.plan["groups"][0]["levels"]) >= 2]
+    assert tiled and all(plan["groups"][0]["levels"][1]["tile_sizes"][0] == 1 for plan in tiled)
+    if not record["kept"]:
+        assert result.plan["groups"][0]["levels"][1]["tile_sizes"][0] == 1
 
 
 def test_the_engine_keeps_its_start_by_its_margin_unless_the_caller_judges(host):

@@ -46,7 +46,9 @@ ANCHOR_KINDS = ("contraction", "convolution", "reduction")
 #     (_decomposable_convolution).
 # 15: a 1x1 convolution read with a step (stride 2) gives its output channels register rows
 #     (single_row_dims).
-SPACE_VERSION = "search-space/15"
+# 16: a contraction vectorized along its first input (a 1x1 convolution over NCHW, image first,
+#     pixels collapsed) keeps register tiles of one output channel (single_row_dims).
+SPACE_VERSION = "search-space/16"
 # --------------------------------------------------------------------------- shapes
 
 

@@ -124,11 +124,11 @@ def vectorizes_first_input(op: TileableOp) -> bool:
     """A contraction whose first input, read densely, is the one the innermost parallel dim
     indexes and its second input is not: a 1x1 convolution over NCHW as IREE forms it, image
     first as `linalg.conv_2d_nchw_fchw` has it, out[co, p] = X[ci, p] x W[co, ci]. IREE's vector
-    lowering makes outer products along the second input's free dim, so the config's vectors
-    along the first input's cost a transpose of the accumulator and of the weight tile in every
-    reduction step, element by element (read in the IR before LLVM); the cost model does not
-    price that, and on a Zen 3 IREE's own config of such a matmul ran 2.1x slower than with the
-    inputs the other way round, 6 rows by 2 vectors 3.8x (docs/benchmarks.md, session 24)."""
+    lowering makes outer products along the second input's free dim, so a register tile of
+    several output channels runs one FMA per pixel on a vector of channels and rebuilds its
+    accumulator element by element (read in the IR before LLVM; priced by the cost model,
+    hardware/cost/registers.py). On a Zen 3 IREE's own config of such a matmul ran 2.1x slower
+    than with the inputs the other way round (docs/benchmarks.md, sessions 24 and 25)."""
     if _vector_input(op) != 0 or op.num_inputs < 2 or _read_with_step(op, 0):
         return False
     return op.parallel_dims[-1] not in op.operand_dims[1]
@@ -145,7 +145,12 @@ def single_row_dims(op: TileableOp) -> list[int]:
     input): its vectors are gathered element by element, and only rows of the broadcast operand
     share a gather, so the vector operand's own rows keep 1 (a stride-2 1x1 convolution on a
     Zen 5: 8 rows of co by 14 of w ran 6.6x faster than 1 by 14, and 14 rows of h by 14 no
-    faster; docs/benchmarks.md)."""
+    faster; docs/benchmarks.md).
+    The same where the vector operand is the first input (vectorizes_first_input), pixels
+    collapsed or not: IREE's outer products then run along the output channels, and on a Zen 4
+    one row of them ran 1.6-2.5x faster than eight at every reduction tile from 8 to 32, but on
+    7x7 images, where IREE's own 8 x 7 tile is best and the guard keeps it
+    (benchmarks/pointwise_fidelity.py, docs/benchmarks.md, session 25)."""
     vector_input = _vector_input(op)
     if vector_input is None:
         return []
@@ -153,6 +158,6 @@ def single_row_dims(op: TileableOp) -> list[int]:
     own = [d for d in op.parallel_dims if d in vector_operand and d not in op.batch_dims]
     if _read_with_step(op, vector_input):
         return own[:-1]
-    if not is_dense_pixel_contraction(op):
+    if not (is_dense_pixel_contraction(op) or vectorizes_first_input(op)):
         return []
     return [d for d in op.parallel_dims if d not in vector_operand and d not in op.batch_dims]

@@ -369,7 +369,24 @@ class Analyzer:
             c.rhs_k_contiguous = _rhs_k_contiguous(maps, out_dims, n_inputs=len(operands) - len(op.results))
             if not c.rhs_k_contiguous:
                 c.strided_rhs_elements = self._strided_rhs_elements(operands, tensor_maps, ranges, out_dims, len(op.results))
+            self._first_input_vectors(c, operands, tensor_maps, ranges, out_dims, len(op.results))
         return c
+
+    def _first_input_vectors(self, c: Compute, operands, tensor_maps, ranges, out_dims: set[int], n_results: int) -> None:
+        """Sets `second_input_rows` and `masked_first_input` of a contraction whose first input,
+        read densely, is the one the output's innermost dim indexes and whose second is not."""
+        inputs = list(zip(operands, tensor_maps))[: max(0, len(operands) - n_results)]
+        if len(inputs) < 2:
+            return
+        n_dim = max(out_dims)
+        (x, x_map), (_, w_map) = inputs[:2]
+        x_dims = [e.position if isinstance(e, ir.AffineDimExpr) else None for e in x_map.results]
+        w_dims = {e.position for e in w_map.results if isinstance(e, ir.AffineDimExpr)}
+        if n_dim not in x_dims or n_dim in w_dims or innermost_step(self.resolve(x)) != 1:
+            return
+        c.second_input_rows = math.prod(ranges[d] for d in w_dims if d in out_dims)
+        t = ranked(x)
+        c.masked_first_input = t is not None and t.shape[x_dims.index(n_dim)] == DYNAMIC
 
     def _strided_rhs_elements(self, operands, tensor_maps, ranges, out_dims: set[int], n_results: int) -> int:
         """B's elements per reduction point (B: the input whose innermost dim is the output's

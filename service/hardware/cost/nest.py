@@ -59,6 +59,14 @@ class Compute:
     # along the output row (a stride-2 convolution's input): no vector load reads them, each is
     # gathered on its own (cost/registers.py); 0 when B's rows are dense.
     strided_rhs_elements: int = 0
+    # The first input is the one the innermost parallel dim indexes, read densely, and the second
+    # is not (a 1x1 convolution over NCHW as IREE forms it, out[co, p] = X[ci, p] x W[co, ci]):
+    # the register tile's extent over the second input's own parallel dims (co), 0 otherwise.
+    # IREE's vector lowering puts the lanes along them (cost/registers.py).
+    second_input_rows: int = 0
+    # That first input's tile is dynamic along the innermost parallel dim (a tile above it does
+    # not divide the pixels): IREE masks its reads and builds the FMAs' operands element by element.
+    masked_first_input: bool = False
 
 
 @dataclass

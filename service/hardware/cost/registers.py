@@ -69,7 +69,8 @@ def microkernel_efficiency(c: Compute, level: int, hw: HardwareModel, acc_trips:
     pipeline = min(1.0, acc / hw.compute.fma_pipeline_depth)
     loads = min(1.0, acc / (m + n_vecs))
     issue = min(pipeline, loads, _transpose_efficiency(c, acc, n_vecs, k, hw) if c.rhs_k_contiguous else 1.0,
-                _strided_b_efficiency(c, acc, k), _ragged_row_efficiency(c, m, acc, hw))
+                _strided_b_efficiency(c, acc, k), _ragged_row_efficiency(c, m, acc, hw),
+                _first_input_vectors_efficiency(c, acc, k, hw))
     rows = hw.compute.register_tile_rows
     tall = min(1.0, rows / m) if rows else 1.0
     return (spill * b_tile * issue * tall * _set_conflict_efficiency(c, hw) * _masked_row_efficiency(c, m, acc, k, hw)
@@ -134,6 +135,33 @@ def _strided_b_efficiency(c: Compute, acc: int, k: int) -> float:
         return 1.0
     fma_cycles = acc * k / _FMAS_PER_CYCLE
     return min(1.0, fma_cycles / (c.strided_rhs_elements * k * _GATHER_CYCLES_PER_ELEMENT))
+
+
+# A contraction vectorized along its first input (`Compute.second_input_rows`: a 1x1 convolution
+# over NCHW, out[co, p] = X[ci, p] x W[co, ci]) with more than one row of the second input's
+# (output channels): IREE lowers its vector.contract to outer products along the second input's
+# free dim, read in the IR before LLVM (docs/benchmarks.md, session 25). Per reduction step it
+# issues one FMA per pixel on a vector of the tile's output channels, each pixel's element of X
+# extracted and broadcast on its own; per register tile the accumulator, held along pixels, is
+# taken apart and rebuilt element by element. A pixel tile that does not divide the pixels adds a
+# select and an element-wise rebuild of each FMA's operand. One output channel (IREE folds the
+# unit dim) is an ordinary broadcast-and-FMA tile along pixels.
+_BROADCAST_CYCLES = 0.25  # per reduction step and pixel
+_ACCUMULATOR_CYCLES = 0.5  # per accumulator element and register tile
+_MASKED_FACTOR = 2.0
+
+
+def _first_input_vectors_efficiency(c: Compute, acc: int, k: int, hw: HardwareModel) -> float:
+    rows = c.second_input_rows
+    if rows <= 1:
+        return 1.0
+    lanes = compute_lanes(c, hw)
+    pixels = math.prod(c.parallel_tile) // rows  # the tile's points of the first input's own dims
+    fma_cycles = acc * k / _FMAS_PER_CYCLE
+    fmas = k * pixels * math.ceil(rows / lanes) / _FMAS_PER_CYCLE
+    elementwise = (k * pixels * _BROADCAST_CYCLES + rows * pixels * _ACCUMULATOR_CYCLES) * (
+        _MASKED_FACTOR if c.masked_first_input else 1.0)
+    return min(1.0, fma_cycles / (fmas + elementwise))
 
 
 # A register tile row longer than a vector and not a whole number of vectors (24 or 49 f32
