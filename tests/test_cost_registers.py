@@ -447,3 +447,45 @@ def test_a_first_input_tile_that_does_not_divide_the_pixels_is_masked_element_by
     whole = _first_input_latency(True, 49, [32, 49], [8, 7], 8, m=320, k=960)
     masked = _first_input_latency(True, 49, [32, 32], [8, 8], 8, m=320, k=960)
     assert masked > 1.5 * whole
+
+
+def _with_compute(hw, **update):
+    return hw.model_copy(update={"compute": hw.compute.model_copy(update=update)})
+
+
+def _one_row_latency(k: int, vec: list[int], hw) -> float:
+    with context():
+        tagged = tag_tileable_ops(parse_module(matmul_module("kn", m=128, n=768, k=k)))
+        return estimate_cost(apply_plan(tagged, matmul_plan([64, 128], vec, min(k, 16))).module, hw).latency_s
+
+
+def test_register_tiles_over_a_short_reduction_run_their_chains_side_by_side() -> None:
+    """One accumulator waits on its own chain; over a reduction of 16 steps the next tiles'
+    chains fit in the core's reorder window and run beside it, over 3072 they cannot. Measured
+    on a Zen 5 (pointwise_fidelity.py): a 1x16 tile against 1x32 1.2-1.6x over 16-64 input
+    channels, 2.2x over 2048; against IREE's 8x16 twice as fast under 64 channels."""
+    hw = avx512_host()
+    wide = _with_compute(hw, reorder_window=2 * hw.compute.reorder_window)
+    short = _one_row_latency(16, [1, 16], hw) / _one_row_latency(16, [8, 16], hw)
+    long = _one_row_latency(3072, [1, 16], hw) / _one_row_latency(3072, [8, 16], hw)
+    assert long > 5 and short < long / 2
+    assert _one_row_latency(16, [1, 16], wide) < 0.9 * _one_row_latency(16, [1, 16], hw)
+    assert _one_row_latency(3072, [1, 16], wide) == pytest.approx(_one_row_latency(3072, [1, 16], hw), rel=0.01)
+
+
+def test_first_input_element_work_is_priced_against_the_cores_fma_rate() -> None:
+    """The broadcasts and the accumulator's rebuild of an image-first tile of several output
+    channels take the same cycles on any core, so they cost twice as many FMAs on a core that
+    issues two 512-bit FMAs a cycle (Zen 5) as on one that issues one (Zen 4). Measured: IREE's
+    8x16 against a 1x32 tile, 2.2x slower on both; priced at Zen 4's rate, the Zen 5 profile
+    ranked 8x16 first (pointwise_fidelity.py tune half, rho 0.34)."""
+    hw = avx512_host()
+    one_rate = _with_compute(hw, vector_fmas_per_cycle=1.0)
+
+    def rows_over_one(profile) -> float:
+        with context():
+            tagged = tag_tileable_ops(parse_module(first_input_vectors_matmul(96, 12544, 16)))
+            cost = [estimate_cost(apply_plan(tagged, matmul_plan([32, 64], vec, 16)).module, profile).latency_s
+                    for vec in ([8, 16], [1, 32])]
+        return cost[0] / cost[1]
+    assert rows_over_one(hw) > 1.3 * rows_over_one(one_rate)

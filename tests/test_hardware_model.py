@@ -146,6 +146,28 @@ def test_the_accumulators_a_register_tile_needs_follow_the_cpu(tmp_path):
     }
 
 
+def test_the_fma_rate_and_reorder_window_follow_the_cpu(tmp_path):
+    """One 512-bit FMA a cycle on Zen 4 (256-bit halves) and one 256-bit on Zen 1, two elsewhere;
+    the reorder buffer per core from the vendors' manuals, 224 where the model is not known."""
+    facts = {}
+    for vendor, family, model, flags in [
+            ("AuthenticAMD", 25, 17, "avx2 avx512f"), ("AuthenticAMD", 25, 1, "avx2"), ("AuthenticAMD", 26, 2, "avx2 avx512f"),
+            ("AuthenticAMD", 23, 1, "avx2"), ("AuthenticAMD", 23, 49, "avx2"), ("HygonGenuine", 24, 0, "avx2"),
+            ("GenuineIntel", 6, 207, "avx2 avx512f"), ("GenuineIntel", 6, 167, "avx2 avx512f"),
+            ("GenuineIntel", 6, 85, "avx2 avx512f"), ("AuthenticAMD", None, None, "avx2")]:
+        cpuinfo = tmp_path / f"cpuinfo-{vendor}-{family}-{model}"
+        family_lines = f"cpu family\t: {family}\nmodel\t\t: {model}\n" if family is not None else ""
+        cpuinfo.write_text(f"processor\t: 0\nvendor_id\t: {vendor}\n{family_lines}flags\t\t: fpu {flags}\n")
+        c = detect_host_cpu(tmp_path / "no-sysfs", cpuinfo, cores=2).compute
+        facts[vendor, family, model] = (c.vector_fmas_per_cycle, c.reorder_window)
+    assert facts == {
+        ("AuthenticAMD", 25, 17): (1.0, 320), ("AuthenticAMD", 25, 1): (2.0, 256), ("AuthenticAMD", 26, 2): (2.0, 448),
+        ("AuthenticAMD", 23, 1): (1.0, 192), ("AuthenticAMD", 23, 49): (2.0, 224), ("HygonGenuine", 24, 0): (1.0, 192),
+        ("GenuineIntel", 6, 207): (2.0, 512), ("GenuineIntel", 6, 167): (2.0, 352), ("GenuineIntel", 6, 85): (2.0, 224),
+        ("AuthenticAMD", None, None): (2.0, 224),
+    }
+
+
 def test_a_cpu_without_cache_sysfs_still_gets_a_profile(tmp_path):
     cpuinfo = tmp_path / "cpuinfo"
     cpuinfo.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\nflags\t\t: fpu avx2 avx512f\n")

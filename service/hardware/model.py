@@ -64,6 +64,17 @@ class Compute(BaseModel):
     # too few independent accumulators leave the FMA pipelines idle.
     vector_registers: int | None = Field(default=None, ge=1, description="Architectural SIMD registers per core (CPU only).")
     fma_pipeline_depth: int = Field(default=8, ge=1, description="Independent FMAs in flight to saturate a core (latency x ports).")
+    vector_fmas_per_cycle: float = Field(
+        default=2.0, gt=0,
+        description="Vector FMAs a core issues per cycle at vector_width_bytes (x86: two FMA pipes; Zen 4 runs a "
+                    "512-bit FMA as two halves, one a cycle). Element-wise work beside the FMAs (extracts, "
+                    "broadcasts, inserts) is priced in cycles against it (CPU only).",
+    )
+    reorder_window: int = Field(
+        default=224, ge=1,
+        description="Instructions a core keeps in flight (its reorder buffer): where one register tile's whole "
+                    "reduction fits in it, the FMA chains of the next tiles run beside its own (CPU only).",
+    )
     masked_remainders: bool = Field(
         default=False,
         description="The compiler vectorizes a tile with a dynamic extent under masks rather than peeling its "

@@ -235,6 +235,8 @@ def host_cpu_model(facts: HostFacts, cache_dir: str = "sysfs") -> HardwareModel:
             # x86: 32 zmm registers with AVX-512, 16 ymm without.
             vector_registers=32 if vector_width >= 64 else 16,
             fma_pipeline_depth=_fma_pipeline_depth(vendor, facts.family_model, avx512="avx512f" in flags),
+            vector_fmas_per_cycle=_vector_fmas_per_cycle(vendor, facts.family_model, avx512="avx512f" in flags),
+            reorder_window=_reorder_window(vendor, facts.family_model, avx512="avx512f" in flags),
             # IREE's CPU config turns on loop peeling on x86 without AVX-512 only (its
             # translation_info, read by service.measure.tools.host_translation_info).
             masked_remainders="avx512f" in flags,
@@ -264,6 +266,46 @@ def _fma_pipeline_depth(vendor: str, family_model: tuple[int, int] | None = None
     if vendor == "AuthenticAMD" and family_model is not None and family_model[0] == 25 and avx512:
         return 4
     return 12
+
+
+def _vector_fmas_per_cycle(vendor: str, family_model: tuple[int, int] | None, avx512: bool) -> float:
+    """Two FMA pipes at the full vector width, but where a core splits the vector: Zen 1 runs a
+    256-bit FMA on its two 128-bit pipes, Zen 4 a 512-bit FMA on its two 256-bit pipes."""
+    if vendor == "HygonGenuine" or _amd(vendor, family_model, 23) and family_model[1] < 0x30:
+        return 1.0
+    if _amd(vendor, family_model, 25) and avx512:
+        return 1.0
+    return 2.0
+
+
+# Reorder buffer entries per core, from the vendors' optimization manuals.
+_AMD_REORDER_WINDOW = {23: 224, 25: 256, 26: 448}  # Zen 2, Zen 3, Zen 5
+_ZEN1_REORDER_WINDOW = 192  # Zen 1 and Zen+ (family 23 below model 0x30), Hygon
+_ZEN4_REORDER_WINDOW = 320
+# Intel family 6 models: Ice Lake and Tiger Lake server and client, Rocket Lake (352); Sapphire
+# and Emerald Rapids, Alder Lake, Raptor Lake, Granite Rapids (512). Skylake-SP and older: 224.
+_INTEL_REORDER_WINDOW = {106: 352, 108: 352, 125: 352, 126: 352, 140: 352, 141: 352, 167: 352,
+                         143: 512, 207: 512, 151: 512, 154: 512, 183: 512, 186: 512, 191: 512, 173: 512, 174: 512}
+_DEFAULT_REORDER_WINDOW = 224
+
+
+def _reorder_window(vendor: str, family_model: tuple[int, int] | None, avx512: bool) -> int:
+    if family_model is None:
+        return _DEFAULT_REORDER_WINDOW
+    family, model = family_model
+    if vendor == "HygonGenuine" or vendor == "AuthenticAMD" and family == 23 and model < 0x30:
+        return _ZEN1_REORDER_WINDOW
+    if vendor == "AuthenticAMD":
+        if family == 25 and avx512:
+            return _ZEN4_REORDER_WINDOW
+        return _AMD_REORDER_WINDOW.get(family, _DEFAULT_REORDER_WINDOW)
+    if vendor == "GenuineIntel" and family == 6:
+        return _INTEL_REORDER_WINDOW.get(model, _DEFAULT_REORDER_WINDOW)
+    return _DEFAULT_REORDER_WINDOW
+
+
+def _amd(vendor: str, family_model: tuple[int, int] | None, family: int) -> bool:
+    return vendor == "AuthenticAMD" and family_model is not None and family_model[0] == family
 
 
 def _dram_bytes() -> int:

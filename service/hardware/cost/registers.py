@@ -36,7 +36,8 @@ def microkernel_efficiency(c: Compute, level: int, hw: HardwareModel, acc_trips:
       each output tile pays _SPILL_STEPS_PER_REGISTER reduction steps per register past the
       file, on top of its own (the reduction tile x `acc_trips`, the trips of the loop that
       carries the accumulator);
-    - pipeline: fewer independent accumulators than latency x ports leaves FMA units idle;
+    - pipeline: fewer independent accumulators than latency x ports leaves FMA units idle,
+      unless the next register tiles' chains run beside them (_tiles_in_flight);
     - loads: more loads than FMAs per step makes the tile load-bound (as many ports of each);
     - rows: tiles taller than the hardware's register_tile_rows run proportionally slower;
     - set conflicts: rows of A that share an L1 set past its ways miss every step;
@@ -66,7 +67,7 @@ def microkernel_efficiency(c: Compute, level: int, hw: HardwareModel, acc_trips:
         b_tile = _transposed_b_overflow(c, acc, n_vecs, k, hw)
     # A step lasts as long as its slowest resource, which overlap: the FMA units, the
     # accumulators' dependency chains, the load ports, and (B stored [n, k]) the shuffle unit.
-    pipeline = min(1.0, acc / hw.compute.fma_pipeline_depth)
+    pipeline = min(1.0, acc * _tiles_in_flight(acc, m, n_vecs, k, acc_trips, hw) / hw.compute.fma_pipeline_depth)
     loads = min(1.0, acc / (m + n_vecs))
     issue = min(pipeline, loads, _transpose_efficiency(c, acc, n_vecs, k, hw) if c.rhs_k_contiguous else 1.0,
                 _strided_b_efficiency(c, acc, k), _ragged_row_efficiency(c, m, acc, hw),
@@ -75,6 +76,22 @@ def microkernel_efficiency(c: Compute, level: int, hw: HardwareModel, acc_trips:
     tall = min(1.0, rows / m) if rows else 1.0
     return (spill * b_tile * issue * tall * _set_conflict_efficiency(c, hw) * _masked_row_efficiency(c, m, acc, k, hw)
             * _narrow_accumulator_efficiency(c, k, hw))
+
+
+# Instructions of one reduction step of a register tile besides its FMAs, broadcasts and loads
+# (the loop's increment, compare and branch), per reduction tile.
+_LOOP_INSTRUCTIONS = 3
+
+
+def _tiles_in_flight(acc: int, m: int, n_vecs: int, k: int, acc_trips: int, hw: HardwareModel) -> float:
+    """Register tiles whose FMA chains the core runs at once. A tile's chain is its whole
+    reduction (k x acc_trips steps of acc FMAs, m broadcasts and n_vecs loads each); where it fits
+    in the core's reorder window, the out-of-order core issues the next tiles' independent chains
+    beside it, as it would more accumulators. A 1x1 convolution over 16 input channels, one
+    output channel a tile, runs its 16-step chains this way; a 768-step chain runs alone
+    (docs/benchmarks.md, session 26)."""
+    chain = acc_trips * (k * (acc + m + n_vecs) + _LOOP_INSTRUCTIONS)
+    return max(1.0, hw.compute.reorder_window / chain)
 
 
 # An op that accumulates in bf16 keeps its accumulators in f32 registers but rounds them to bf16
@@ -146,8 +163,10 @@ def _strided_b_efficiency(c: Compute, acc: int, k: int) -> float:
 # taken apart and rebuilt element by element. A pixel tile that does not divide the pixels adds a
 # select and an element-wise rebuild of each FMA's operand. One output channel (IREE folds the
 # unit dim) is an ordinary broadcast-and-FMA tile along pixels.
-_BROADCAST_CYCLES = 0.25  # per reduction step and pixel
-_ACCUMULATOR_CYCLES = 0.5  # per accumulator element and register tile
+# Cycles of element work, against the core's own FMA issue rate (Compute.vector_fmas_per_cycle):
+# fitted on a Zen 4, which issues one 512-bit FMA a cycle.
+_BROADCAST_CYCLES = 0.5  # per reduction step and pixel
+_ACCUMULATOR_CYCLES = 1.0  # per accumulator element and register tile
 _MASKED_FACTOR = 2.0
 
 
@@ -157,8 +176,9 @@ def _first_input_vectors_efficiency(c: Compute, acc: int, k: int, hw: HardwareMo
         return 1.0
     lanes = compute_lanes(c, hw)
     pixels = math.prod(c.parallel_tile) // rows  # the tile's points of the first input's own dims
-    fma_cycles = acc * k / _FMAS_PER_CYCLE
-    fmas = k * pixels * math.ceil(rows / lanes) / _FMAS_PER_CYCLE
+    fma_rate = hw.compute.vector_fmas_per_cycle
+    fma_cycles = acc * k / fma_rate
+    fmas = k * pixels * math.ceil(rows / lanes) / fma_rate
     elementwise = (k * pixels * _BROADCAST_CYCLES + rows * pixels * _ACCUMULATOR_CYCLES) * (
         _MASKED_FACTOR if c.masked_first_input else 1.0)
     return min(1.0, fma_cycles / (fmas + elementwise))
