@@ -70,6 +70,15 @@ def loop_group(op: ir.Operation) -> int | None:
     return int(head[1:]) if head[:1] == "g" and head[1:].isdigit() else None
 
 
+def loop_level(op: ir.Operation) -> int | None:
+    """The plan level (its index in the group's levels) whose tiling made this loop, read off its
+    `ts.loop` label; None for any other op."""
+    if LOOP_ATTR not in op.attributes:
+        return None
+    parts = ir.StringAttr(op.attributes[LOOP_ATTR]).value.split(".")
+    return int(parts[1][1:]) if len(parts) > 1 and parts[1][:1] == "l" and parts[1][1:].isdigit() else None
+
+
 def _enclosing_loops(op: ir.Operation) -> list[str]:
     names: list[str] = []
     parent = op.parent

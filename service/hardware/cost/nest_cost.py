@@ -7,6 +7,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from service.ir.origin import loop_level
+
 from ..model import HardwareModel
 from .analyzer import Analyzer
 from .latency import NestTerms, nest_latency_s
@@ -46,7 +48,7 @@ def cost_nest(root: Node, op, an: Analyzer, hw: HardwareModel, all_reasons: list
     band = band_levels(root)
     top = root.children[0] if root.children else None
     parallel = _parallelism(top, hw.compute.cores)
-    work = _compute_work(nodes, band, hw, reasons)
+    work = _compute_work(nodes, plan_levels(root, band), hw, reasons)
     compute_s = work.flops / (hw.effective_peak(work.element_type) * parallel.utilization * work.lane_use) if work.flops else 0.0
     level_costs = _level_costs(root, op, an, hw, band, fp, parallel.active, work, reasons)
     overhead = _loop_overhead_s(nodes, top, parallel.active, hw)
@@ -74,6 +76,18 @@ def band_levels(root: Node) -> dict[int, int]:
     return levels
 
 
+def plan_levels(root: Node, band: dict[int, int]) -> dict[int, int]:
+    """The plan level of each loop node, counted from 1 (the root is 0), read off the `ts.loop`
+    label its tiling left: a plan level that tiles nothing makes no loop (a distribution of
+    [0, 0, 0], IREE's one workgroup) yet still counts, as it does in IREE's config. Loops the plan
+    did not make keep their band's level."""
+    levels = {}
+    for n in root.subtree():
+        level = loop_level(n.op) if n.op is not None else None
+        levels[n.id] = band[n.id] if level is None else level + 1
+    return levels
+
+
 def _parallelism(top: Node | None, cores: int) -> _Parallelism:
     if top is not None and top.kind == "forall":
         waves = -(-top.trips // cores)
@@ -81,9 +95,9 @@ def _parallelism(top: Node | None, cores: int) -> _Parallelism:
     return _Parallelism(active=1, waves=1, utilization=1 / cores)
 
 
-def _compute_work(nodes: list[Node], band: dict[int, int], hw: HardwareModel, reasons: list[str]) -> _ComputeWork:
-    """Flops, vector-lane use and compute-side (innermost level) traffic of the nest's computes;
-    a vector tile past IREE's limit adds a reason."""
+def _compute_work(nodes: list[Node], level: dict[int, int], hw: HardwareModel, reasons: list[str]) -> _ComputeWork:
+    """Flops, vector-lane use and compute-side (innermost level) traffic of the nest's computes
+    (`level`: each node's plan level, plan_levels); a vector tile past IREE's limit adds a reason."""
     flops = 0.0
     per_uid: dict[int, float] = {}
     inner_traffic = 0.0
@@ -111,10 +125,10 @@ def _compute_work(nodes: list[Node], band: dict[int, int], hw: HardwareModel, re
             last = c.parallel_tile[-1] if c.parallel_tile else 1
             # A carried accumulator lives through every trip of the loops that carry it.
             acc_trips = max(1, runs // carry_runs) if carried else 1
-            weighted_lane_use += f * (last / (math.ceil(last / lanes) * lanes)) * microkernel_efficiency(c, band[n.id], hw, acc_trips)
+            weighted_lane_use += f * (last / (math.ceil(last / lanes) * lanes)) * microkernel_efficiency(c, level[n.id], hw, acc_trips)
             if f and c.flops_per_point:
                 elem_type = c.element_type
-            check_vector_tile(c, band[n.id], hw, reasons)
+            check_vector_tile(c, level[n.id], hw, reasons)
     streamed_bytes = sum(
         (n.executions * n.trips if n.kind != "root" else 1) * c.points * c.element_bytes
         for n in nodes for c in n.computes if c.reduction_tile
