@@ -351,3 +351,21 @@ def test_where_remainders_are_masked_a_reduction_tile_divides_the_reduction():
     for hw, expected in ((host, [0, 1, 2, 4, 8]), (peeling, reduction_sizes(1000))):
         (group,) = build_space(graph, hw).groups
         assert list(group.reduction_choices.values()) == [expected]
+
+
+def test_an_image_first_contractions_pixel_tile_need_not_divide_its_distribution_tile(host):
+    """One output channel by 32 pixels under a 49-pixel tile (MobileNetV2's 96x196x576 1x1
+    convolution, image first): IREE masks the last vector; measured on a Zen 5 2.7x faster than
+    IREE's default, where the divisor rule left only 14-pixel tiles, 1.1x. Weight first, the
+    pixels keep tiles that divide."""
+    def inner_pixels(image_first: bool) -> int:
+        (spec,) = build_space(analyze(first_input_vectors_matmul(96, 196, 576, image_first)).graph, host, {}).groups
+        params = {tile_knob(spec.name, "outer", 0): 32, tile_knob(spec.name, "outer", 1): 49, loop_knob(spec.name): "forall",
+                  tile_knob(spec.name, "inner", 1): 32, tile_knob(spec.name, "red", 2): 8}
+        params |= {tile_knob(spec.name, "inner", 0): 1} if image_first else {tile_knob(spec.name, "inner", 0): 8}
+        group = spec.to_group(params)
+        assert not isinstance(group, str), group
+        return group.levels[1].tile_sizes[1]
+
+    assert inner_pixels(True) == 32
+    assert inner_pixels(False) != 32  # weight first: only tiles that divide the 49 pixels

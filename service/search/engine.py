@@ -135,10 +135,11 @@ class _Search:
 
     # ----- bookkeeping (also what start-plan repair uses: service.search.start.SearchSteps)
 
-    def record(self, evs: list[Evaluation]) -> None:
+    def record(self, evs: list[Evaluation], eligible: bool = True) -> None:
+        """Keep the trials; `eligible`: they may become the answer."""
         for ev in evs:
             self.trials.append(ev)
-            if is_better(self.best, ev):
+            if eligible and is_better(self.best, ev):
                 self.best = ev
         if self.on_trials:
             self.on_trials(evs)
@@ -197,7 +198,9 @@ class _Search:
         st_cand = SuperTilingStrategy(st_plan).suggest()
         untiled_cand = Candidate(params={}, source="untiled", plan=Plan())
         baseline_ev, untiled_ev = self.evaluator.evaluate([(st_cand, st_plan), (untiled_cand, Plan())])
-        self.record([baseline_ev, untiled_ev])
+        # Both leave the register tile to IREE, which the cost model prices as ideal: not an answer
+        # where IREE's own is known slow (GroupSpec.needs_register_tile).
+        self.record([baseline_ev, untiled_ev], eligible=not any(g.needs_register_tile for g in self.space.groups))
         if baseline_ev.stage != "cost":
             self.warnings.append(f"the super-tiling baseline could not be applied: {baseline_ev.reason}")
         return baseline_ev, untiled_ev

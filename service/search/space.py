@@ -27,7 +27,7 @@ from service.ir.plan import Group, Level, Plan
 from service.ir.transform import layout_group
 
 from .knobs import fuse_knob, group_name, group_of, loop_knob, tile_knob
-from .tile_sizes import inner_sizes, outer_sizes, reduction_sizes, single_row_dims
+from .tile_sizes import inner_sizes, outer_sizes, reduction_sizes, single_row_dims, vectorizes_first_input
 
 ANCHOR_KINDS = ("contraction", "convolution", "reduction")
 # 5: shared fills get a copy per reader (service/ir/graph.py), which renumbers the ops after them.
@@ -48,7 +48,7 @@ ANCHOR_KINDS = ("contraction", "convolution", "reduction")
 #     (single_row_dims).
 # 16: a contraction vectorized along its first input (a 1x1 convolution over NCHW, image first,
 #     pixels collapsed) keeps register tiles of one output channel (single_row_dims).
-SPACE_VERSION = "search-space/16"
+SPACE_VERSION = "search-space/17"
 # --------------------------------------------------------------------------- shapes
 
 
@@ -134,10 +134,13 @@ class GroupSpec:
     optional_parent: dict[int, int] = field(default_factory=dict)  # optional op -> member it was reached from
     vector_limit_bytes: int | None = None  # hardware's largest vector tile (IREE CPU: 512 native vectors)
     anchor_kind: str = ""  # the anchor op's kind (contraction, convolution, reduction, ...)
+    # The plan must choose the register tile: IREE's own for this op is known slow (an image-first
+    # contraction's 8 output channels), and a plan that leaves it to IREE is priced as if ideal.
+    needs_register_tile: bool = False
     elem_bytes: int = 4
     outside_consumers: dict[int, list[int]] = field(default_factory=dict)  # optional producer -> consumers not in the group
     # Inner dims whose tile need not divide its outer tile: a contraction's register-tile rows
-    # (IREE peels the remaining rows; inner_sizes).
+    # (IREE peels the remaining rows; inner_sizes), an image-first contraction's pixels (masked).
     peeled: tuple[int, ...] = ()
     _knob_names: tuple[str, ...] | None = field(default=None, repr=False, compare=False)
     _groups: dict[tuple, Group | str] = field(default_factory=dict, repr=False, compare=False)  # to_group memo
@@ -189,6 +192,9 @@ class GroupSpec:
             return why
         if not any(outer) and not any(inner) and not any(red):
             return "every tile size is 0: the group tiles nothing"
+        if self.needs_register_tile and not any(inner):
+            return ("no register tile: IREE's own for a contraction vectorized along its first input (8 output "
+                    "channels) runs its outer products element by element")
         # Levels are positional (distribution, vector parallel, vector reduction, as IREE's CPU
         # config): an untiled level stays as zeros unless nothing follows it.
         levels = [
@@ -503,12 +509,16 @@ def build_space(graph: OpGraph, hardware: HardwareModel, shape_hints: dict[str, 
                                           and d != innermost,
                                           rows=d in rows)
                            for d in parallel if ranges[d] > 1},
-            peeled=tuple(rows),
+            # An image-first contraction's pixels too: one output channel by one or two vectors of
+            # pixels over a pixel tile they do not divide (32 of 49) ran fastest on most of
+            # pointwise_fidelity.py's shapes, 1.8x IREE's default (docs/benchmarks.md, session 26).
+            peeled=tuple(rows) + ((innermost,) if innermost is not None and vectorizes_first_input(op) else ()),
             reduction_choices={d: reduction_sizes(ranges[d], dividing=hardware.compute.masked_remainders)
                                for d in reduction if ranges[d] > 4},
             vector_limit_bytes=hardware.max_vector_tile_bytes,
             elem_bytes=element_bytes(op.element_type),
             anchor_kind=op.kind,
+            needs_register_tile=vectorizes_first_input(op),
         )
         transposed_k = op.rhs_contiguous_reduction_dim()
         if transposed_k is not None and innermost is not None:
