@@ -14,9 +14,12 @@ Models compared:
 
 --search also makes the service's single-module decision (the search from IREE's default,
 TPE, --budget plans, guarded against that default) on each held-out shape and measures its pick
-against IREE's default, paired in alternating rounds (cached like the grid).
+against IREE's default, paired in alternating rounds (cached like the grid), each call running
+the dispatch --dispatch-repeat times back to back, as inside a model (the grids are timed one
+dispatch a call).
 
-    python benchmarks/model_fidelity.py [--measure] [--search [--unguarded] [--device local-sync] [--rounds 9]] [--budget 200]
+    python benchmarks/model_fidelity.py [--measure] [--search [--unguarded] [--device local-sync] [--rounds 9]
+                                        [--dispatch-repeat 16]] [--budget 200]
                                         [--details [tune]] [--host KEY|all]
 """
 
@@ -54,7 +57,7 @@ from service.measure.calibration_fit import Predictor, fit_profile, with_calibra
 from service.measure.calibration_samples import Sample  # noqa: E402
 from service.measure.forcing import NotMeasurable  # noqa: E402
 from service.measure.timing import Measurement, measure_plans_and_default  # noqa: E402
-from service.measure.tools import BENCH_DEVICE  # noqa: E402
+from service.measure.tools import BENCH_DEVICE, DISPATCH_REPEAT  # noqa: E402
 from service.search.guard import tune_from_iree_default  # noqa: E402
 
 CLASSES = ("M<=32", "square-ish", "tall-skinny", "batched")
@@ -124,7 +127,8 @@ SEARCH_ROUNDS = 9
 
 def search_vs_default(s: Shape, hardware: HardwareModel, budget: int, cache: MeasurementCache,
                       timing: str, guard: bool = True, device: str = BENCH_DEVICE,
-                      rounds: int = SEARCH_ROUNDS) -> tuple[float | None, tuple[float, float] | None, str]:
+                      rounds: int = SEARCH_ROUNDS, dispatch_repeat: int = DISPATCH_REPEAT,
+                      ) -> tuple[float | None, tuple[float, float] | None, str]:
     """(IREE's default time / the decision's time, measured paired (None: not measurable); the
     quartiles of that ratio over the rounds (None: the guard kept IREE's default); the pick's
     tiles). The decision is the service's for one module (`tune_from_iree_default`): the search
@@ -132,7 +136,8 @@ def search_vs_default(s: Shape, hardware: HardwareModel, budget: int, cache: Mea
     keeps IREE's default, the answer is IREE's own build: 1.00x by definition. guard=False: the
     search's pick as it is (what the guard is worth). device: local-sync times both on one
     thread, the tiling's own work without the task executor's hand-off. rounds: alternating
-    rounds of the pick and IREE's default, one repetition each."""
+    rounds of the pick and IREE's default, one repetition each. dispatch_repeat: runs of the
+    dispatch back to back per call (BenchSettings; 1: each call alone, waking the workers)."""
     text = module_text(s)
     result = tune_from_iree_default(text, hardware, guard=guard, budget=budget, seed=0, workers=1)
     plan = result.plan
@@ -140,7 +145,7 @@ def search_vs_default(s: Shape, hardware: HardwareModel, budget: int, cache: Mea
         kept = result.iree_default and result.iree_default.get("kept")
         return 1.0, None, "IREE's default kept (guard)" if kept else "untiled"
     tiles = " / ".join(str(level["tile_sizes"]) for level in plan["groups"][0]["levels"])
-    settings = replace(SETTINGS, device=device, repetitions=rounds)
+    settings = replace(SETTINGS, device=device, repetitions=rounds, dispatch_repeat=dispatch_repeat)
     key = measurement_key(text, {"search_pick": plan}, settings)
     forced, default = cache.get(key), cache.get(key + ":default")
     if forced is None or default is None:
@@ -175,6 +180,8 @@ def main() -> None:
                     help="--search: measure the search's pick even where the guard would keep IREE's default")
     ap.add_argument("--rounds", type=int, default=SEARCH_ROUNDS,
                     help="--search: alternating rounds of the pick and IREE's default (at least 3)")
+    ap.add_argument("--dispatch-repeat", type=int, default=DISPATCH_REPEAT,
+                    help="--search: runs of the dispatch back to back per timed call (1: alone, as before session 27)")
     ap.add_argument("--device", choices=("local-task", "local-sync"), default=BENCH_DEVICE,
                     help="--search: IREE device the pick and IREE's default are timed on (local-sync: one thread)")
     ap.add_argument("--details", nargs="?", const="all", choices=("all", "tune", "held-out"),
@@ -255,7 +262,8 @@ def report(key: str, args: argparse.Namespace) -> None:
             if r.shape.half != args.search:
                 continue
             ratio, spread, tiles = search_vs_default(r.shape, profile, args.budget, cache, args.timing,
-                                                     not args.unguarded, args.device, args.rounds)
+                                                     not args.unguarded, args.device, args.rounds,
+                                                     args.dispatch_repeat)
             if ratio:
                 ratios.append((ratio, r.default_s))
             shown = f"{ratio:.2f}x" if ratio else "not measurable"

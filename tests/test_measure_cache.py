@@ -56,3 +56,31 @@ def test_a_module_is_timed_on_the_device_the_settings_name():
     assert measure_default(TINY_MATMUL, settings=BenchSettings(**quick, device="local-sync")).ok
     failed = measure_default(TINY_MATMUL, settings=BenchSettings(**quick, device="no-such-device"))
     assert not failed.ok and "no-such-device" in (failed.error or "")
+
+
+def test_one_dispatch_a_call_is_keyed_as_before_the_repeat_setting():
+    """The grids every host cached were timed one dispatch a call, before the setting existed:
+    their keys stand; a repeated dispatch is another measurement."""
+    from service.measure.cache import _settings_key, measurement_key
+    from service.measure.timing import BenchSettings
+
+    one = BenchSettings(dispatch_repeat=1)
+    assert "dispatch_repeat" not in _settings_key(one)
+    plan = {"groups": []}
+    assert measurement_key("m", plan, one) != measurement_key("m", plan, BenchSettings(dispatch_repeat=16))
+
+
+def test_a_dispatch_run_back_to_back_is_timed_per_run():
+    """Compiled to run its dispatch 8 times a call (the executor's workers then stay up, as in a
+    model) and timed with a batch of 8, a module reads about its one-run time, not 8 runs' (the
+    batch not divided) nor an eighth (the dispatch not repeated). One thread, a 16 MFLOP matmul:
+    the call's own overhead is small beside it."""
+    from _shared import matmul_module
+    from service.measure.timing import BenchSettings, measure_default
+
+    module = matmul_module("kn", 128, 256, 256)
+    quick = dict(repetitions=3, min_time_s=0.02, device="local-sync")
+    once = measure_default(module, settings=BenchSettings(**quick, dispatch_repeat=1))
+    eight = measure_default(module, settings=BenchSettings(**quick, dispatch_repeat=8))
+    assert once.ok and eight.ok, (once.error, eight.error)
+    assert 0.4 < eight.median_s / once.median_s < 2.5

@@ -36,11 +36,14 @@ def default_cache_path() -> Path:
 
 
 def _settings_key(settings: BenchSettings) -> dict:
-    """The settings as keyed: the device only when it is not the default, so measurements
-    cached before the setting existed (all on the default device) keep their keys."""
+    """The settings as keyed: the device only when it is not the default, and the dispatch
+    repeat only when a call runs a dispatch more than once, so measurements cached before each
+    setting existed (all on the default device, one run per call) keep their keys."""
     fields = asdict(settings)
     if fields.get("device") == BENCH_DEVICE:
         del fields["device"]
+    if fields.get("dispatch_repeat") == 1:
+        del fields["dispatch_repeat"]
     return fields
 
 

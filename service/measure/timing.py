@@ -25,6 +25,7 @@ from .forcing import ForcedModule, NotMeasurable, default_module, force_plan, wr
 from .lowering import LoweringConfig, lowering_config_of, lowering_config_text
 from .tools import (
     BENCH_DEVICE,
+    DISPATCH_REPEAT,
     ToolFailure,
     benchmark_module,
     benchmark_threads,
@@ -82,6 +83,10 @@ class BenchSettings:
     # local-task (what a model runs on) or local-sync: the caller's one thread, the tiling's own
     # work without the task executor's hand-off between workers (benchmarks only).
     device: str = BENCH_DEVICE
+    # Each dispatch run this many times back to back in a call, timed per run: as inside a model,
+    # the executor's workers are already running. Timed alone (1), every call first wakes them,
+    # which can cost more than a short dispatch's tiles (docs/benchmarks.md, session 27).
+    dispatch_repeat: int = DISPATCH_REPEAT
 
 
 @dataclass
@@ -103,7 +108,7 @@ def _compile(prepared: ForcedModule, workdir: Path, tag: str, settings: BenchSet
     configs_dir = workdir / f"{tag}_configs"
     mlir_path.write_text(prepared.text)
     try:
-        compile_module(mlir_path, vmfb_path, configs_dir, settings.compile_timeout_s)
+        compile_module(mlir_path, vmfb_path, configs_dir, settings.compile_timeout_s, settings.dispatch_repeat)
     except ToolFailure as failure:
         failed = Measurement(ok=False, error=failure.line, config=prepared.configs, iree_version=iree_version())
         return _Compiled(prepared, vmfb_path, prepared.configs, failed)
@@ -146,6 +151,7 @@ def _time_rounds(
                     min_time_s=settings.min_time_s,
                     timeout_s=settings.bench_timeout_s,
                     device=settings.device,
+                    batch_size=settings.dispatch_repeat,
                 )
                 samples[i] += got.real_s
                 cpu_samples[i] += got.cpu_s

@@ -39,6 +39,8 @@ HOST_COMPILE_FLAGS = (
     "--iree-llvmcpu-target-cpu=host",
 )
 BENCH_DEVICE = "local-task"  # IREE's multi-threaded CPU device: what a model runs on
+# Runs of each dispatch back to back in one timed call (timing.BenchSettings.dispatch_repeat).
+DISPATCH_REPEAT = 16
 
 
 def iree_version() -> str:
@@ -124,9 +126,13 @@ def _kill_group(proc: subprocess.Popen) -> None:
     proc.communicate()  # reaps it and closes the pipes
 
 
-def compile_module(mlir_path: Path, vmfb_path: Path, configs_dir: Path, timeout_s: float) -> None:
-    """iree-compile for this host's CPU; dumps the chosen executable configurations too."""
-    run_tool("iree-compile", [str(mlir_path), *HOST_COMPILE_FLAGS,
+def compile_module(mlir_path: Path, vmfb_path: Path, configs_dir: Path, timeout_s: float,
+                   dispatch_repeat: int = 1) -> None:
+    """iree-compile for this host's CPU; dumps the chosen executable configurations too.
+    `dispatch_repeat`: each dispatch runs that many times back to back per call (time the
+    call with benchmark_module's batch_size equal to it)."""
+    repeat = [f"--iree-hal-benchmark-dispatch-repeat-count={dispatch_repeat}"] if dispatch_repeat > 1 else []
+    run_tool("iree-compile", [str(mlir_path), *HOST_COMPILE_FLAGS, *repeat,
                               f"--iree-hal-dump-executable-configurations-to={configs_dir}", "-o", str(vmfb_path)],
              timeout_s)
 
@@ -258,13 +264,17 @@ def benchmark_module(
     min_time_s: float,
     timeout_s: float,
     device: str = BENCH_DEVICE,
+    batch_size: int = 1,
 ) -> BenchSamples:
-    """Seconds per call, one sample per repetition (each the mean over that repetition's runs)."""
+    """Seconds per call, one sample per repetition (each the mean over that repetition's runs).
+    `batch_size`: a call runs each dispatch that many times (compile_module's dispatch_repeat);
+    the times are per dispatch run, as iree-benchmark-module divides by it."""
     stdout = run_tool("iree-benchmark-module", [
         f"--module={vmfb_path}",
         f"--device={device}",
         f"--function={function}",
         *input_flags,
+        *([f"--batch_size={batch_size}"] if batch_size > 1 else []),
         f"--benchmark_repetitions={repetitions}",
         f"--benchmark_min_time={min_time_s:g}s",
         "--benchmark_format=json",
