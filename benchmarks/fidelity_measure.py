@@ -23,7 +23,7 @@ import json
 import statistics
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -95,21 +95,23 @@ TIMINGS = ("cpu", "wall")
 
 def measure_shape(s: Shape, cache: MeasurementCache, measure: bool = True,
                   timing: str = "cpu", lanes_f32: int | None = None,
-                  translation_info: str | None = None) -> ShapeMeasurements | None:
+                  translation_info: str | None = None, dispatch_repeat: int = 1) -> ShapeMeasurements | None:
     """The shape's grid (for `lanes_f32`, default this host's) and IREE's default, from the
     cache or measured now (None: not cached and `measure` is off). `translation_info`: another
-    host's (host_translation), to read its measurements."""
+    host's (host_translation), to read its measurements. `dispatch_repeat`: runs of the dispatch
+    back to back per call (BenchSettings; 1, the grids' setting: one dispatch a call)."""
     text = module_text(s)
     w = contraction_workload(s.name, text)
     plans = [plan_for(w, *cfg) for cfg in grid(s, lanes_f32 or lanes())]
-    key = measurement_key(text, {"grid": plans}, SETTINGS, translation_info)
+    settings = replace(SETTINGS, dispatch_repeat=dispatch_repeat)
+    key = measurement_key(text, {"grid": plans}, settings, translation_info)
     got = [cache.get(f"{key}:{i}") for i in range(len(plans))]
     default = cache.get(f"{key}:default")
     if default is None or any(g is None for g in got):
         if not measure:
             return None
         try:
-            got, default = measure_plans_and_default(text, plans, settings=SETTINGS)
+            got, default = measure_plans_and_default(text, plans, settings=settings)
         except NotMeasurable as exc:
             return ShapeMeasurements(s, w, plans, [None] * len(plans), None, None, exc.reason)
         for i, m in enumerate(got):

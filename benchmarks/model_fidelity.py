@@ -15,10 +15,11 @@ Models compared:
 --search also makes the service's single-module decision (the search from IREE's default,
 TPE, --budget plans, guarded against that default) on each held-out shape and measures its pick
 against IREE's default, paired in alternating rounds (cached like the grid), each call running
-the dispatch --dispatch-repeat times back to back, as inside a model (the grids are timed one
-dispatch a call).
+the dispatch --dispatch-repeat times back to back, as inside a model. The grids are timed one
+dispatch a call, as every host's were first measured; --grid-repeat N reads (with --measure,
+times) the grid with N runs back to back a call, cached apart.
 
-    python benchmarks/model_fidelity.py [--measure] [--search [--unguarded] [--device local-sync] [--rounds 9]
+    python benchmarks/model_fidelity.py [--measure] [--grid-repeat 16] [--search [--unguarded] [--device local-sync] [--rounds 9]
                                         [--dispatch-repeat 16]] [--budget 200]
                                         [--details [tune]] [--host KEY|all]
 """
@@ -180,6 +181,9 @@ def main() -> None:
                     help="--search: measure the search's pick even where the guard would keep IREE's default")
     ap.add_argument("--rounds", type=int, default=SEARCH_ROUNDS,
                     help="--search: alternating rounds of the pick and IREE's default (at least 3)")
+    ap.add_argument("--grid-repeat", type=int, default=1,
+                    help="the grid as timed with each call running the dispatch this many times back to back "
+                         "(1: one dispatch a call, as every host's grid was first measured)")
     ap.add_argument("--dispatch-repeat", type=int, default=DISPATCH_REPEAT,
                     help="--search: runs of the dispatch back to back per timed call (1: alone, as before session 27)")
     ap.add_argument("--device", choices=("local-task", "local-sync"), default=BENCH_DEVICE,
@@ -210,7 +214,7 @@ def report(key: str, args: argparse.Namespace) -> None:
     lanes_f32 = profile.compute.vector_width_bytes // 4
     translation = host_translation(key)
     results = [r for r in (measure_shape(s, cache, measure=args.measure, timing=args.timing, lanes_f32=lanes_f32,
-                                         translation_info=translation)
+                                         translation_info=translation, dispatch_repeat=args.grid_repeat)
                            for s in corpus()) if r is not None]
     missing = len(corpus()) - len(results)
     nominal = with_calibration(profile, Calibration())
@@ -230,7 +234,7 @@ def report(key: str, args: argparse.Namespace) -> None:
             predicted = [predictor.latency_s(x.workload, x.plan, hw) for x in ss]
             rows.append((r, label, ranking(ss, predicted) | {"predicted": predicted}, ss))
 
-    print(f"host {key}, timing {args.timing}; {len(results)} shapes measured ({missing} not in the cache), "
+    print(f"host {key}, timing {args.timing}, {args.grid_repeat} dispatch run(s) a call; {len(results)} shapes measured ({missing} not in the cache), "
           f"{sum(len(v) for v in samples.values())} configs\n")
     print("| model | half | class | shapes | median rho | median top-1 regret |")
     print("|---|---|---|---|---|---|")
