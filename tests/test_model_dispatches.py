@@ -2,6 +2,7 @@
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from _shared import SHARED, nchw_1x1_module, tuning_every_dispatch
@@ -11,7 +12,9 @@ from service.ir.dispatch import dispatches_of
 from service.ir.errors import NotAModelError
 from service.measure.tuning_spec import ContractionDims, ContractionMatcher, contraction_dims, tuning_spec
 from service.measure.tools import ToolFailure
-from service.measure.whole_model import entry_function, executable_sources, input_program, model_arguments
+from service.measure import whole_model
+from service.measure.whole_model import (ELIDED_CONSTANT_ELEMENTS, entry_function, executable_sources, input_program,
+                                         model_arguments)
 
 MODELS = SHARED / "models"
 
@@ -96,6 +99,67 @@ def test_a_load_that_steps_over_elements_stays_a_strided_slice_of_the_whole_tens
     x = next(i for i, shape in enumerate(projection.operand_shapes[:projection.num_inputs]) if shape == [64, 8, 8])
     assert projection.operand_steps[x] == 2
     assert "tensor<64x16x16xf32>" in d.module and "[1, 2, 2]" in d.module
+
+
+def _with_weight(rows: int, cols: int, bias: int = 0) -> str:
+    """A model whose weight is a constant in the IR (as ONNX initializers import), not an
+    argument; random values, so MLIR cannot fold it to a splat. `bias`: a constant of that many
+    elements added to the product (IREE inlines one this small into the dispatch)."""
+    weight = np.random.default_rng(0).standard_normal((rows, cols), dtype=np.float32)
+    add = ""
+    result = "%a"
+    if bias:
+        values = ", ".join(f"{v:.3f}" for v in np.random.default_rng(1).standard_normal(bias))
+        add = f"""
+  %b = arith.constant dense<[{values}]> : tensor<{bias}xf32>
+  %s = linalg.generic {{indexing_maps = [affine_map<(d0, d1) -> (d0, d1)>, affine_map<(d0, d1) -> (d1)>,
+                                         affine_map<(d0, d1) -> (d0, d1)>], iterator_types = ["parallel", "parallel"]}}
+      ins(%a, %b : tensor<16x{cols}xf32>, tensor<{bias}xf32>) outs(%e : tensor<16x{cols}xf32>) {{
+    ^bb0(%p: f32, %q: f32, %o: f32):
+      %r = arith.addf %p, %q : f32
+      linalg.yield %r : f32
+  }} -> tensor<16x{cols}xf32>"""
+        result = "%s"
+    return f"""
+func.func @main(%x: tensor<16x{rows}xf32>) -> tensor<16x{cols}xf32> {{
+  %zero = arith.constant 0.0 : f32
+  %w = arith.constant dense<"0x{weight.tobytes().hex().upper()}"> : tensor<{rows}x{cols}xf32>
+  %e = tensor.empty() : tensor<16x{cols}xf32>
+  %f = linalg.fill ins(%zero : f32) outs(%e : tensor<16x{cols}xf32>) -> tensor<16x{cols}xf32>
+  %a = linalg.matmul ins(%x, %w : tensor<16x{rows}xf32>, tensor<{rows}x{cols}xf32>) outs(%f : tensor<16x{cols}xf32>) -> tensor<16x{cols}xf32>{add}
+  return {result} : tensor<16x{cols}xf32>
+}}"""
+
+
+@pytest.mark.slow
+def test_a_models_weights_are_not_read_back_with_its_structure(tmp_path):
+    """A weight held in the model (256x512: 512 KiB, 1 MiB as hex) is left out of the IR read
+    back for its dispatches and its arguments: reading real models' weights with MLIR's Python
+    bindings took minutes and tens of GB."""
+    model = tmp_path / "model.mlir"
+    model.write_text(_with_weight(256, 512))
+    assert 256 * 512 > ELIDED_CONSTANT_ELEMENTS
+    sources = executable_sources(model, tmp_path / "sources.mlir")
+    assert len(sources) < 100_000
+    (d,) = dispatches_of(sources)
+    assert d.reason is None and "matmul_16x512x256" in d.entry
+    program = input_program(model, tmp_path / "input.mlir")
+    assert len(program) < 100_000
+    assert [a.shape for a in model_arguments(program)] == [(16, 256)]
+
+
+@pytest.mark.slow
+def test_a_dispatch_holding_a_constant_elided_from_it_is_left_to_iree(tmp_path, monkeypatch):
+    """IREE inlines a small constant (the bias) into the dispatch; were it elided too, the
+    dispatch could not be compiled on its own: it is reported, not searched."""
+    monkeypatch.setattr(whole_model, "_STRUCTURE_ONLY", ("--mlir-elide-elementsattrs-if-larger=4",))
+    model = tmp_path / "model.mlir"
+    model.write_text(_with_weight(64, 16, bias=16))
+    (d,) = dispatches_of(executable_sources(model, tmp_path / "sources.mlir"))
+    assert d.reason is not None and "elided" in d.reason
+    monkeypatch.undo()
+    (d,) = dispatches_of(executable_sources(model, tmp_path / "sources.mlir"))
+    assert d.reason is None
 
 
 def test_text_that_is_not_a_model_is_refused():

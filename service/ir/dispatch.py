@@ -115,6 +115,13 @@ def _as_argument(block: ir.Block, load: ir.Operation) -> None:
     load.erase()
 
 
+def _is_elided(op: ir.Operation) -> bool:
+    """A constant the model was read back without (MLIR prints an elided one as a resource of
+    this name, numbered after the first in a context): the dispatch cannot be compiled or
+    measured on its own."""
+    return op.name == "arith.constant" and str(op.attributes["value"]).startswith("dense_resource<__elided__")
+
+
 def as_tensor_function(dispatch_function: ir.Operation) -> tuple[ir.Module, str | None]:
     """A new module holding the dispatch function over tensors, and why it cannot be searched
     (None when it can). Runs inside the process's context."""
@@ -144,6 +151,8 @@ def as_tensor_function(dispatch_function: ir.Operation) -> tuple[ir.Module, str 
                         "export the model with static shapes to tune it")
     if not stored:
         return module, "writes no tensor"
+    if any(_is_elided(op) for op in _ops(block)):
+        return module, "holds a constant too large to read back with the model (elided): left to IREE"
     if not module.operation.verify():
         return module, "the dispatch over tensors does not verify"
     return module, None
