@@ -101,11 +101,16 @@ def test_a_load_that_steps_over_elements_stays_a_strided_slice_of_the_whole_tens
     assert "tensor<64x16x16xf32>" in d.module and "[1, 2, 2]" in d.module
 
 
-def _with_weight(rows: int, cols: int, bias: int = 0) -> str:
-    """A model whose weight is a constant in the IR (as ONNX initializers import), not an
-    argument; random values, so MLIR cannot fold it to a splat. `bias`: a constant of that many
-    elements added to the product (IREE inlines one this small into the dispatch)."""
+def _with_weight(rows: int, cols: int, bias: int = 0, resource: bool = False) -> str:
+    """A model whose weight is a constant in the IR, not an argument: inline (as ONNX
+    initializers import) or, with `resource`, a resource blob (as iree-turbine exports); random
+    values, so MLIR cannot fold it to a splat. `bias`: a constant of that many elements added to
+    the product (IREE inlines one this small into the dispatch)."""
     weight = np.random.default_rng(0).standard_normal((rows, cols), dtype=np.float32)
+    data = weight.tobytes().hex().upper()
+    value = "dense_resource<w>" if resource else f'dense<"0x{data}">'
+    # A blob starts with its alignment (4 bytes, little endian).
+    resources = f'{{-# dialect_resources: {{ builtin: {{ w: "0x04000000{data}" }} }} #-}}' if resource else ""
     add = ""
     result = "%a"
     if bias:
@@ -123,21 +128,23 @@ def _with_weight(rows: int, cols: int, bias: int = 0) -> str:
     return f"""
 func.func @main(%x: tensor<16x{rows}xf32>) -> tensor<16x{cols}xf32> {{
   %zero = arith.constant 0.0 : f32
-  %w = arith.constant dense<"0x{weight.tobytes().hex().upper()}"> : tensor<{rows}x{cols}xf32>
+  %w = arith.constant {value} : tensor<{rows}x{cols}xf32>
   %e = tensor.empty() : tensor<16x{cols}xf32>
   %f = linalg.fill ins(%zero : f32) outs(%e : tensor<16x{cols}xf32>) -> tensor<16x{cols}xf32>
   %a = linalg.matmul ins(%x, %w : tensor<16x{rows}xf32>, tensor<{rows}x{cols}xf32>) outs(%f : tensor<16x{cols}xf32>) -> tensor<16x{cols}xf32>{add}
   return {result} : tensor<16x{cols}xf32>
-}}"""
+}}
+{resources}"""
 
 
 @pytest.mark.slow
-def test_a_models_weights_are_not_read_back_with_its_structure(tmp_path):
+@pytest.mark.parametrize("resource", [False, True], ids=["inline", "resource"])
+def test_a_models_weights_are_not_read_back_with_its_structure(tmp_path, resource):
     """A weight held in the model (256x512: 512 KiB, 1 MiB as hex) is left out of the IR read
     back for its dispatches and its arguments: reading real models' weights with MLIR's Python
     bindings took minutes and tens of GB."""
     model = tmp_path / "model.mlir"
-    model.write_text(_with_weight(256, 512))
+    model.write_text(_with_weight(256, 512, resource=resource))
     assert 256 * 512 > ELIDED_CONSTANT_ELEMENTS
     sources = executable_sources(model, tmp_path / "sources.mlir")
     assert len(sources) < 100_000

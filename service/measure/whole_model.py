@@ -35,12 +35,15 @@ def iree_input(model: Path, workdir: Path, timeout_s: float = 300.0) -> Path:
     return out
 
 
-# Constants above this many elements are printed as `dense_resource<__elided__>` in the IR read
-# back for its structure: a model's weights (DistilBERT's 150 MB, inline from ONNX) took MLIR's
-# Python bindings 85 s and 22 GB to parse, for nothing the structure needs. IREE inlines into a
-# dispatch only constants far below it (256 bytes by default), so a dispatch keeps its own.
+# Constants above this many elements are left out of the IR read back for its structure:
+# inline (`dense<"0x...">`, as ONNX initializers import) they print as `dense_resource<__elided__>`,
+# and resource blobs (`dense_resource<key>`, as iree-turbine exports weights) of as many f32 in
+# hex are not printed. A model's weights (DistilBERT's 150 MB) took MLIR's Python bindings 87 s
+# and 22 GB to parse, for nothing the structure needs. IREE inlines into a dispatch only
+# constants far below it (256 bytes by default), so a dispatch keeps its own.
 ELIDED_CONSTANT_ELEMENTS = 1 << 16
-_STRUCTURE_ONLY = (f"--mlir-elide-elementsattrs-if-larger={ELIDED_CONSTANT_ELEMENTS}",)
+_STRUCTURE_ONLY = (f"--mlir-elide-elementsattrs-if-larger={ELIDED_CONSTANT_ELEMENTS}",
+                   f"--mlir-elide-resource-strings-if-larger={8 * ELIDED_CONSTANT_ELEMENTS}")
 
 
 def executable_sources(model: Path, out: Path, timeout_s: float = 300.0) -> str:
