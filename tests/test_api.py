@@ -182,6 +182,33 @@ def test_a_gpu_or_npu_decision_has_no_cpu_config(migrated_url):
         assert model.status_code == 422 and "not a CPU profile" in model.json()["detail"]["message"]
 
 
+def test_a_model_job_from_dispatches_formed_on_the_client(migrated_url):
+    """`tilesearch job submit MODEL` forms the dispatches where the model is and sends them, not
+    the model: a model job with its weights and its dispatches left to IREE, as the server's own."""
+    tunable = [{"name": "main_dispatch_0_matmul_100x100x100_f32", "module": MATMUL_100, "weight": 3}]
+    left = [{"name": "main_dispatch_1_elementwise_100x100_f32", "weight": 2, "root_op": "linalg.generic",
+             "reason": "no contraction root"}]
+    with _client(migrated_url) as client:
+        body = {"dispatches": {"tunable": tunable, "left_to_iree": left}, "hardware": "host-cpu", "budget": 2}
+        accepted = client.post("/v1/jobs", json=body)
+        assert accepted.status_code == 202, accepted.text
+        job = client.get(f"/v1/jobs/{accepted.json()['id']}").json()
+        assert job["kind"] == "model" and job["notes"] == {"left_to_iree": left}
+        assert [(i["name"], i["weight"]) for i in job["items_detail"]] == [(tunable[0]["name"], 3)]
+
+        def refused(**change) -> str:
+            answer = client.post("/v1/jobs", json={**body, **change})
+            assert answer.status_code == 422, (change, answer.text)
+            return answer.text
+
+        assert "exactly one" in refused(model=MATMUL_100)
+        assert "no dispatch tilesearch tunes" in refused(dispatches={"tunable": [], "left_to_iree": left})
+        assert "no contraction root" in refused(dispatches={"tunable": [], "left_to_iree": left})
+        assert "unique" in refused(dispatches={"tunable": tunable * 2})
+        refused(dispatches={"tunable": [{**tunable[0], "weight": 0}]})
+        assert "not a CPU profile" in refused(hardware="gpu-h100")
+
+
 def test_hardware_endpoints(migrated_url):
     with _client(migrated_url) as client:
         names = [h["name"] for h in client.get("/v1/hardware").json()["items"]]

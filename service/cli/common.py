@@ -71,8 +71,8 @@ def _hardware_here(sessions, name: str):
 _HINTS = {
     401: "pass --token or set TILESEARCH_API_TOKEN to the server's token",
     403: "the server refused this token",
-    413: "the server's TILESEARCH_MAX_BODY_BYTES bounds a request (a model's MLIR holds its weights; an ONNX file is "
-         "imported to MLIR before it is sent): raise it there, or tune the model here with `tilesearch model tune`",
+    413: "the server's TILESEARCH_MAX_BODY_BYTES bounds a request: raise it there, send fewer modules at once, or "
+         "tune here with `tilesearch tune` / `tilesearch model tune`",
 }
 
 

@@ -54,26 +54,35 @@ def job_submit_cmd(
             raise _ir_failure(f"{path} holds no *.mlir file")
         body["items"] = [{"name": f.stem, "module": _read_text(f)} for f in files]
     else:
-        body["model"] = _model_text(path)
+        body["dispatches"] = _model_dispatches(path)
     with server_errors(server), _job_client(server, token) as client:
         answer = client.submit_job(body)
-    typer.echo(f"job {answer['id']}: {answer['state']}, {answer['items']['total']} items", err=True)
+    left = len(body["dispatches"]["left_to_iree"]) if "dispatches" in body else 0
+    typer.echo(f"job {answer['id']}: {answer['state']}, {answer['items']['total']} items"
+               + (f" ({left} more dispatches left to IREE)" if left else ""), err=True)
     typer.echo(answer["id"])
 
 
-def _model_text(path: Path) -> str:
-    """A model file as the MLIR text the server takes (ONNX imported here, with IREE's importer),
-    refused as `model tune` refuses it."""
+def _model_dispatches(path: Path) -> dict:
+    """The model's dispatches as IREE forms them here (ONNX imported with IREE's importer first),
+    as the job's "dispatches": a model's weights stay on this machine, whatever their size.
+    Refused as `model tune` refuses the file."""
     import tempfile
 
+    from service.jobs.tasks import model_file_items
     from service.model_tuning import ModelInputError
     from service.model_tuning.tune import importable_model
 
-    with tempfile.TemporaryDirectory(prefix="tilesearch-import-") as tmp:
+    typer.echo(f"forming {path.name}'s dispatches with IREE ...", err=True)
+    with tempfile.TemporaryDirectory(prefix="tilesearch-job-model-") as tmp:
         try:
-            return _read_text(importable_model(path, Path(tmp)))
+            found = model_file_items(importable_model(path, Path(tmp)), Path(tmp))
         except ModelInputError as exc:
             raise _ir_failure(exc) from None
+    if not found.tunable:  # as the server would refuse it, said before any request
+        raise _ir_failure(f"{path.name} has no dispatch tilesearch tunes (a single static contraction root): "
+                          + "; ".join(f"{d.name}: {d.reason}" for d in found.left_to_iree[:5]))
+    return found.model_dump(mode="json")
 
 
 @job_app.command("watch")

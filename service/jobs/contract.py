@@ -18,6 +18,36 @@ class JobItemIn(BaseModel):
     shape_hints: ShapeHints | None = None
 
 
+class ModelDispatch(BaseModel):
+    """One of a model's dispatches that a job tunes: IREE's dispatch as a module of its own."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1, max_length=200, description="IREE's function name of the dispatch")
+    module: str = Field(min_length=1, description="the dispatch's MLIR module text")
+    weight: int = Field(ge=1, strict=True, description="times one run of the model dispatches it")
+
+
+class LeftToIree(BaseModel):
+    """One of a model's dispatches that keeps IREE's own config, and why."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(max_length=200)
+    weight: int | None = None
+    root_op: str | None = Field(default=None, max_length=200)
+    reason: str = Field(max_length=2000)
+
+
+class ModelItems(BaseModel):
+    """A model's dispatches as a job takes them: the tunable ones, and why the others are not."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    tunable: list[ModelDispatch] = Field(max_length=MAX_ITEMS)
+    left_to_iree: list[LeftToIree] = Field(default_factory=list, max_length=10 * MAX_ITEMS)
+
+
 class JobRequest(BaseModel):
     """A batch of searches. Each item's result is an ordinary decision: a later POST /v1/tilings
     of the same module on the same hardware is a hit."""
@@ -27,6 +57,10 @@ class JobRequest(BaseModel):
     items: list[JobItemIn] | None = Field(default=None, max_length=MAX_ITEMS)
     model: str | None = Field(default=None, description="a whole model (MLIR IREE compiles); its tunable dispatches "
                                                         "become the items")
+    dispatches: ModelItems | None = Field(
+        default=None, description="a model's dispatches as IREE formed them on the client (`tilesearch job submit "
+                                  "MODEL` sends these, so a model's weights never cross the wire): the tunable ones "
+                                  "become the items, with their weights")
     hardware: str | HardwareModel = Field(description="a hardware profile name or an inline model")
     # Strict as a tiling request's (service.tiling.request): "5", 1.0 or true is not a budget.
     budget: int = Field(default=64, ge=1, le=5000, strict=True, description="distinct plans to evaluate per item")
@@ -40,23 +74,17 @@ class JobRequest(BaseModel):
 
     @model_validator(mode="after")
     def _one_input(self) -> "JobRequest":
-        if (self.items is None) == (self.model is None):
-            raise ValueError('give exactly one of "items" (a list of modules) or "model" (MLIR text)')
+        if sum(x is not None for x in (self.items, self.model, self.dispatches)) != 1:
+            raise ValueError('give exactly one of "items" (a list of modules), "model" (MLIR text) or "dispatches" '
+                             "(a model's dispatches formed by IREE)")
         if self.items is not None and not self.items:
             raise ValueError('"items" is empty: give at least one module')
-        if self.items is not None and len({i.name for i in self.items}) != len(self.items):
+        names = ([i.name for i in self.items] if self.items is not None else
+                 [d.name for d in self.dispatches.tunable] if self.dispatches is not None else [])
+        if len(set(names)) != len(names):
             raise ValueError("item names must be unique within a job")
         return self
 
-
-class ModelDispatch(BaseModel):
-    name: str
-    module: str
-    weight: int
-
-
-class ModelItems(BaseModel):
-    """A model's dispatches as a job takes them: the tunable ones, and why the others are not."""
-
-    tunable: list[ModelDispatch]
-    left_to_iree: list[dict[str, str | int | None]]
+    @property
+    def is_model(self) -> bool:
+        return self.model is not None or self.dispatches is not None

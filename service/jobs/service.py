@@ -58,23 +58,24 @@ class JobService:
         if request.measure_top:  # as a tiling request's: refused now, not item by item on a worker
             rt.tiling.check_measurable_here(hardware)
         notes = None
-        if request.model is not None:
+        if request.is_model:
             if not hardware.is_cpu:
                 raise ValueError(f"hardware {hardware.name} is not a CPU profile: a model job tunes the dispatches IREE "
                                  "forms for its llvm-cpu backend and its spec is that backend's; use host-cpu")
-            found = rt.sandbox.run(model_items, request.model, timeout=rt.settings.request_timeout_s * 5)
+            found = request.dispatches or rt.sandbox.run(model_items, request.model,
+                                                         timeout=rt.settings.request_timeout_s * 5)
             new_items = [jobs.NewItem(d.name, d.module, None, d.weight) for d in found.tunable]
-            notes = {"left_to_iree": found.left_to_iree}
+            notes = {"left_to_iree": [d.model_dump() for d in found.left_to_iree]}
             if not new_items:
                 raise ValueError("the model has no dispatch tilesearch tunes (a single static contraction root): "
-                                 + "; ".join(f"{d['name']}: {d['reason']}" for d in found.left_to_iree[:5]))
+                                 + "; ".join(f"{d.name}: {d.reason}" for d in found.left_to_iree[:5]))
         else:
             new_items = [jobs.NewItem(i.name, i.module, i.shape_hints) for i in request.items or []]
         queue = measure_queue(this_host()) if request.measure_top else SEARCH_QUEUE
         hardware_json = request.hardware if isinstance(request.hardware, str) else hardware.model_dump(mode="json")
         options = request.model_dump(include={"budget", "seconds", "strategy", "seed", "measure_top", "reuse"})
         with session_scope(rt.sessions) as session:
-            job = jobs.create_job(session, kind="model" if request.model is not None else "items",
+            job = jobs.create_job(session, kind="model" if request.is_model else "items",
                                   hardware=hardware_json, options=options, queue=queue, items=new_items, notes=notes)
             session.commit()
             ids = jobs.item_ids(session, job.id)

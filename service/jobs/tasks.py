@@ -13,7 +13,7 @@ from service.measure.tools import host_translation_info
 from service.measure.tuning_spec import ContractionMatcher, contraction_matcher, symbol_part, tuning_spec, why_no_spec
 from service.model_tuning.tune import classify_dispatches
 
-from .contract import ModelDispatch, ModelItems
+from .contract import LeftToIree, ModelDispatch, ModelItems
 
 
 def model_items(model_text: str) -> ModelItems:
@@ -22,10 +22,16 @@ def model_items(model_text: str) -> ModelItems:
     with tempfile.TemporaryDirectory(prefix="tilesearch-job-model-") as tmp:
         model = Path(tmp) / "model.mlir"
         model.write_text(model_text)
-        tunable, left = classify_dispatches(model, Path(tmp))
+        return model_file_items(model, Path(tmp))
+
+
+def model_file_items(model: Path, workdir: Path) -> ModelItems:
+    """`model_items` of an MLIR file IREE compiles (ModelInputError when it cannot)."""
+    tunable, left = classify_dispatches(model, workdir)
     return ModelItems(
         tunable=[ModelDispatch(name=d.entry, module=d.module or "", weight=d.weight) for d in tunable],
-        left_to_iree=[{"name": r.name, "weight": r.weight, "root_op": r.root_op, "reason": r.reason} for r in left],
+        left_to_iree=[LeftToIree(name=r.name, weight=r.weight, root_op=r.root_op, reason=r.reason or "")
+                      for r in left],
     )
 
 
