@@ -114,7 +114,8 @@ def test_job_detail_items_dispatches_spec_and_escaping(seeded_jobs):
                      f'href="/decisions/{ids["decision"]}"', "1.000 ms", "3.000 ms",  # predicted, weight 3 x predicted
                      "2.500 ms", "tuned (cache miss)", "failed: boom &lt;b&gt;bad&lt;/b&gt;", "searching", "waiting for a worker",
                      f'href="/v1/jobs/{ids["model"]}/spec"', "Dispatches left to IREE", "dispatch_9_&lt;i&gt;generic&lt;/i&gt;",
-                     "no contraction root", "updates itself every second"):
+                     "no contraction root", "updates itself every second",
+                     f"--iree-codegen-tuning-spec-path=job-{ids['model']}-spec.mlir --mlir-disable-threading"):
             assert text in html, text
         assert EVIL_NAME not in html and "&lt;script&gt;alert(1)&lt;/script&gt;" in html
         assert "<b>bad</b>" not in html and "<i>generic</i>" not in html

@@ -218,6 +218,10 @@ def test_a_spec_has_one_matcher_per_root_and_parses():
     assert "@match_a -> @apply_op_config" in spec and "@match_b -> @apply_op_config" in spec
     assert "iree_codegen.tuning_spec_entrypoint" in spec
     assert "transform.iree.match.dims_equal %m_dims, [32]" in spec
+    # It says how to build with it: single-threaded, or IREE 3.13 can deadlock on a model.
+    first = spec.splitlines()[0]
+    assert first.startswith("// iree-compile") and "--iree-codegen-tuning-spec-path=" in first
+    assert "--mlir-disable-threading" in first
 
 
 # IREE demotes f64 to f32 by default: a matcher naming f64 never matched (a new user's trial).

@@ -74,7 +74,7 @@ class DecisionOut(DecisionSummary):
     tiled_module: str | None = None
     compilation_info: dict[str, Any] | None = Field(default=None, description="IREE compilation_info per anchor")
     tuning_spec: str | None = Field(default=None, description="IREE tuning spec giving the plan's contraction anchors "
-                                    "their configs: iree-compile --iree-codegen-tuning-spec-path=FILE")
+                                    "their configs: iree-compile --iree-codegen-tuning-spec-path=FILE --mlir-disable-threading")
     no_tuning_spec: str | None = Field(default=None, description="why tuning_spec is null (a dynamic dim, a convolution, "
                                        "nothing tiled, ...)")
     origin_map: dict[str, Any] | None = None

@@ -93,7 +93,7 @@ def job_watch_cmd(job_id: int, server: str = _SERVER, token: str | None = _TOKEN
 
     columns = (TextColumn("job {task.fields[job]} {task.fields[state]}"), BarColumn(), MofNCompleteColumn(),
                TextColumn("running {task.fields[running]} failed {task.fields[failed]} trials {task.fields[trials]} "
-                          "eta {task.fields[eta]}"), TimeElapsedColumn())
+                          "eta {task.fields[eta]} elapsed"), TimeElapsedColumn())
     with server_errors(server), _job_client(server, token) as client:
         job = client.job(job_id)  # before the bar: a wrong id or server is one error line, no bar
         with Progress(*columns) as progress:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from pathlib import Path
 
 from service.ir.graph import CONVOLUTION_ROLES, ConvolutionDims, OpGraph, TileableOp
 from service.ir.plan import Plan
@@ -224,8 +225,17 @@ def why_no_spec(graph: OpGraph, plan: Plan) -> str:
     return "the plan configures no contraction: " + ", ".join(sorted({f"{op.name} ({op.kind})" for op in anchors}))
 
 
+def spec_compile_flags(spec: str | Path) -> list[str]:
+    """iree-compile's flags for a build that uses the spec at `spec`. IREE 3.13's
+    MaterializeTuningSpecsPass can deadlock when executables compile in parallel
+    (IREECodegenDialect::getOrLoadTransformLibraryModule waits on a mutex held across the pass
+    manager's thread pool; a full test run hung there twice): such a build compiles single-threaded."""
+    return [f"--iree-codegen-tuning-spec-path={spec}", "--mlir-disable-threading"]
+
+
 def tuning_spec(matchers: list[RootMatcher]) -> str:
-    """The spec module's text, as MLIR prints it after parsing it."""
+    """The spec module's text, as MLIR prints it after parsing it, under a comment saying how
+    to compile with it."""
     if not matchers:
         raise ValueError("a tuning spec with no matcher: IREE requires its entry point to be one foreach_match")
     names = [m.name for m in matchers]
@@ -248,6 +258,6 @@ def tuning_spec(matchers: list[RootMatcher]) -> str:
 """
     with context():
         try:
-            return str(ir.Module.parse(text))
+            return f"// iree-compile ... {' '.join(spec_compile_flags('THIS_FILE'))}\n" + str(ir.Module.parse(text))
         except ir.MLIRError as err:
             raise RuntimeError(f"the tuning spec tilesearch wrote does not parse (a tilesearch bug): {err}\n{text}") from None

@@ -18,6 +18,7 @@ from service.ir.mlir import context, ir
 
 from .forcing import ArgumentSpec, write_inputs
 from .tools import BENCH_DEVICE, HOST_COMPILE_FLAGS, ToolFailure, benchmark_module, run_tool
+from .tuning_spec import spec_compile_flags
 
 _STRUCTURED_PREFIX = "linalg."
 
@@ -65,10 +66,7 @@ def compile_model(model: Path, vmfb: Path, configs_dir: Path, spec: Path | None 
                   timeout_s: float = 600.0) -> None:
     args = [str(model), *HOST_COMPILE_FLAGS, f"--iree-hal-dump-executable-configurations-to={configs_dir}", "-o", str(vmfb)]
     if spec is not None:
-        # IREE 3.13's MaterializeTuningSpecsPass can deadlock when executables compile in
-        # parallel (IREECodegenDialect::getOrLoadTransformLibraryModule waits on a mutex held
-        # across the pass manager's thread pool; a full test run hung there twice).
-        args += [f"--iree-codegen-tuning-spec-path={spec}", "--mlir-disable-threading"]
+        args += spec_compile_flags(spec)
     run_tool("iree-compile", args, timeout_s)
 
 

@@ -101,7 +101,7 @@ def retry_job(job_id: int, request: Request, session: DbSession) -> JobOut:
                        404: {"model": ErrorBody, "description": "no such job, or (NoSpec) the job succeeded and "
                                                               "every item is left to IREE's own config"}})
 def job_spec(job_id: int, request: Request) -> PlainTextResponse:
-    """The IREE tuning spec merging the done items' configs (`iree-compile --iree-codegen-tuning-spec-path=`)."""
+    """The IREE tuning spec merging the done items' configs (`iree-compile --iree-codegen-tuning-spec-path=FILE --mlir-disable-threading`)."""
     try:
         spec = _service(request).spec(job_id)
     except NoSpecYet as exc:

@@ -66,5 +66,5 @@ def _spec(session: Session, run_id: int) -> str:
 
 @router.get("/{run_id}/spec", response_class=PlainTextResponse, responses=_ERRORS)
 def run_spec(run_id: int, session: DbSession) -> PlainTextResponse:
-    """The run's IREE tuning spec (`iree-compile --iree-codegen-tuning-spec-path=`)."""
+    """The run's IREE tuning spec (`iree-compile --iree-codegen-tuning-spec-path=FILE --mlir-disable-threading`)."""
     return PlainTextResponse(_spec(session, run_id), media_type="text/plain")
