@@ -8,8 +8,9 @@ database of its own, an API process and 1 or 2 `tilesearch worker` processes (co
 one evaluation process each). Items are distinct matmuls; jobs use reuse=false, so every item
 searches. Prints items per minute for: `tilesearch tune --workers 1` run per item (process start
 included, as a build would run it), a job on one worker, a job on two workers; and the time from
-submit to the first finished item, and how busy the machine's cores were during each job (ours
-and any other work: two workers can only double one where one leaves a core idle).
+submit to the first finished item (both read off the items' finished_at), and how busy the
+machine's cores were during each job (ours and any other work: two workers can only double one
+where one leaves a core idle).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import sys
 import tempfile
 import time
 import uuid
+from datetime import datetime, timezone
 from pathlib import Path
 
 import httpx
@@ -30,6 +32,7 @@ from sqlalchemy import create_engine, text
 
 ROOT = Path(__file__).resolve().parents[1]
 TILESEARCH = str(Path(sys.executable).with_name("tilesearch"))
+POLL_S = 1.0
 PG = os.environ.get("TILESEARCH_TEST_PG_URL", "postgresql+psycopg://postgres:postgres@127.0.0.1:5432/tilesearch_test")
 
 
@@ -64,6 +67,18 @@ def cpu_busy_s() -> float:
     return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
 
 
+def epoch_s(t: datetime) -> float:
+    return (t if t.tzinfo else t.replace(tzinfo=timezone.utc)).timestamp()
+
+
+def busy_at(samples: list[tuple[float, float]], when: float) -> float:
+    """The machine's busy CPU seconds at `when`, interpolated between (time, busy) samples."""
+    for (t1, b1), (t2, b2) in zip(samples, samples[1:]):
+        if t1 <= when <= t2:
+            return b1 + (b2 - b1) * (when - t1) / (t2 - t1) if t2 > t1 else b2
+    return samples[-1][1]
+
+
 def job_run(items: list[str], budget: int, workers: int, tmp: Path, port: int) -> tuple[float, float, float]:
     """(seconds from submit to the last item, seconds to the first finished item, the share of
     the machine's cores busy meanwhile, ours and any other work's)."""
@@ -94,18 +109,23 @@ def job_run(items: list[str], budget: int, workers: int, tmp: Path, port: int) -
         time.sleep(3)  # the workers' start (imports, sandbox): not part of a job's throughput
         body = {"items": [{"name": f"item{i}", "module": m} for i, m in enumerate(items)], "hardware": "host-cpu",
                 "budget": budget, "reuse": False}
-        t0, busy0 = time.perf_counter(), cpu_busy_s()
+        t0, busy0 = time.time(), cpu_busy_s()
         job_id = client.post("/v1/jobs", json=body, timeout=60).json()["id"]
-        first = None
-        while True:
-            job = client.get(f"/v1/jobs/{job_id}").json()
-            if first is None and job["items"]["done"]:
-                first = time.perf_counter() - t0
-            if job["state"] in ("succeeded", "failed", "cancelled"):
-                assert job["state"] == "succeeded", job
-                wall = time.perf_counter() - t0
-                return wall, first or 0.0, (cpu_busy_s() - busy0) / (wall * (os.cpu_count() or 1))
-            time.sleep(0.1)
+        # Polled as `job watch` does. When items finished is read off their finished_at, and the
+        # cores' busy time at the last one interpolated between polls, so a faster poll would
+        # only take CPU from the workers measured (ten a second took 5% of a core).
+        busy = [(t0, busy0)]
+        while (job := client.get(f"/v1/jobs/{job_id}").json())["state"] not in ("succeeded", "failed", "cancelled"):
+            time.sleep(POLL_S)
+            busy.append((time.time(), cpu_busy_s()))
+        assert job["state"] == "succeeded", job
+        busy.append((time.time(), cpu_busy_s()))
+        engine = create_engine(url)
+        with engine.connect() as c:
+            first, last = (epoch_s(t) for t in c.execute(
+                text("SELECT min(finished_at), max(finished_at) FROM job_items WHERE job_id = :j"), {"j": job_id}).one())
+        engine.dispose()
+        return last - t0, first - t0, (busy_at(busy, last) - busy0) / ((last - t0) * (os.cpu_count() or 1))
     finally:
         if client is not None:
             client.close()
