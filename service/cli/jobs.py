@@ -73,6 +73,8 @@ def _model_dispatches(path: Path) -> dict:
     from service.model_tuning import ModelInputError
     from service.model_tuning.tune import importable_model
 
+    if path.suffix.lower() == ".mlir":
+        _read_text(path)  # bytes that are not UTF-8 named by line and column, as every command names them
     typer.echo(f"forming {path.name}'s dispatches with IREE ...", err=True)
     with tempfile.TemporaryDirectory(prefix="tilesearch-job-model-") as tmp:
         try:
