@@ -12,7 +12,7 @@ from service.ir.plan import Plan
 from service.ir.transform import apply_plan
 
 from _cost_plans import GOOD_MATMUL, cost_of, matmul_plan
-from _shared import HEAD_MERGE, WORKLOADS, matmul_module, reference_host
+from _shared import HEAD_MERGE, WORKLOADS
 
 
 def test_matmul_flops_and_l1_tile():
@@ -183,25 +183,3 @@ func.func @f(%a: tensor<1x4096xf32>, %b: tensor<4096x4096xf32>) -> tensor<1x4096
         return cost.levels[0].time_s
 
     assert dram_s([0, 0]) > 1.8 * dram_s([0, 256])
-
-
-def test_a_register_tile_narrower_than_bs_rows_streams_b_a_row_at_a_time():
-    """GPT-2's c_attn at one token, B stored [k, n] (768 x 2304, 7 MB). A 1 x 64 register tile
-    reads 256 bytes of a row of B each reduction step, 1 x 16 one cache line; the prefetchers
-    follow a row, not the jump to the next, so the narrow tile streams B slower: one core reading
-    a matrix so (benchmarks/probes/row_runs.c, Zen 4) got 58% of a sequential read from L3 with
-    64-byte runs and 92% with 256; the dispatch measured 1.5-2.5x slower with 1 x 16 on all five
-    CPUs of the broad corpus, where the model had priced the two within 10%. B stored [n, k]
-    (nn.Linear's weights) is read along its rows' k: no such term."""
-    hw = reference_host()
-    flat = hw.model_copy(update={"memory_levels": [lv.model_copy(update={"row_start_bytes": 0.0})
-                                                   for lv in hw.memory_levels]})
-
-    def latency(layout: str, vec: list[int], profile) -> float:
-        with context():
-            tagged = tag_tileable_ops(parse_module(matmul_module(layout, m=1, n=2304, k=768)))
-            return estimate_cost(apply_plan(tagged, matmul_plan([1, 64], vec, 16)).module, profile).latency_s
-
-    assert latency("kn", [1, 16], hw) > 1.5 * latency("kn", [1, 64], hw)
-    assert latency("kn", [1, 16], flat) < 1.1 * latency("kn", [1, 64], flat)
-    assert latency("nk", [1, 16], hw) == pytest.approx(latency("nk", [1, 16], flat))

@@ -33,12 +33,6 @@ class MemoryLevel(BaseModel):
     # into the same few sets, and past `associativity` rows per set they evict each other.
     associativity: int | None = Field(default=None, ge=1, description="Ways per set of a cache (None: unknown; no set-conflict term).")
     line_bytes: int | None = Field(default=None, ge=1, description="Cache line size in bytes (used with associativity).")
-    # A core reading a tensor a part of each row at a time (a register tile narrower than B's
-    # rows, B stored [k, n]) starts a new stream every row: the hardware prefetchers follow a
-    # run along a row, not the jump to the next. A run of r bytes then comes at
-    # bandwidth x r / (r + row_start_bytes).
-    row_start_bytes: float = Field(default=0.0, ge=0, description="Bytes' worth of transfer time a core loses each time a "
-                                   "strided read from this level moves to the next row (0: none modelled).")
 
     @field_validator("capacity_bytes")
     @classmethod

@@ -205,20 +205,12 @@ def _narrow_float_peaks(peak_f32: float, flags: set[str]) -> dict[str, float]:
     return {"f32": peak_f32, "bf16": peak_f32, "f16": f16}
 
 
-# What a core loses each time a strided read moves to the next row (MemoryLevel.row_start_bytes),
-# from one core reading a [K, N] f32 matrix in column panels of 16 and 64 floats
-# (benchmarks/probes/row_runs.c, AMD Zen 4): from L3, 64-byte runs at 58% and 256-byte runs at
-# 92% of a sequential read (99 GB/s); from DRAM at 17-27% and 53-64% (of 21 GB/s).
-_ROW_START_BYTES = {"DRAM": 200.0, "shared cache": 40.0}
-
-
 def host_cpu_model(facts: HostFacts, cache_dir: str = "sysfs") -> HardwareModel:
     """The host-cpu profile of a machine with these facts."""
     cores, vendor, flags = facts.cores, facts.vendor, set(facts.flags)
     vector_width = vector_width_from_flags(flags)
     levels = [
-        MemoryLevel(name="DRAM", capacity_bytes=facts.dram_bytes, bandwidth_bytes_per_s=_HOST_DRAM_BANDWIDTH, shared=True,
-                    row_start_bytes=_ROW_START_BYTES["DRAM"])
+        MemoryLevel(name="DRAM", capacity_bytes=facts.dram_bytes, bandwidth_bytes_per_s=_HOST_DRAM_BANDWIDTH, shared=True)
     ]
     caches = list(facts.caches)
     if not caches:  # no sysfs: assume a small generic hierarchy
@@ -228,8 +220,7 @@ def host_cpu_model(facts: HostFacts, cache_dir: str = "sysfs") -> HardwareModel:
         bw = _HOST_BANDWIDTH.get(c["level"], 50e9)
         levels.append(
             MemoryLevel(name=f"L{c['level']}", capacity_bytes=c["size_bytes"], bandwidth_bytes_per_s=bw * (cores if shared else 1), shared=shared,
-                        associativity=c.get("ways"), line_bytes=c.get("line_bytes"),
-                        row_start_bytes=_ROW_START_BYTES["shared cache"] if shared else 0.0)
+                        associativity=c.get("ways"), line_bytes=c.get("line_bytes"))
         )
     lanes_f32 = vector_width // 4
     peak_f32 = cores * lanes_f32 * 2 * 2 * _HOST_EFFECTIVE_HZ

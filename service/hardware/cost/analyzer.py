@@ -369,8 +369,6 @@ class Analyzer:
             c.rhs_k_contiguous = _rhs_k_contiguous(maps, out_dims, n_inputs=len(operands) - len(op.results))
             if not c.rhs_k_contiguous:
                 c.strided_rhs_elements = self._strided_rhs_elements(operands, tensor_maps, ranges, out_dims, len(op.results))
-                if not c.strided_rhs_elements:
-                    self._rhs_row_runs(c, operands, tensor_maps, ranges, out_dims, len(op.results))
             self._first_input_vectors(c, operands, tensor_maps, ranges, out_dims, len(op.results))
         return c
 
@@ -402,22 +400,6 @@ class Analyzer:
                     return 0
                 return math.prod(ranges[d] for d in dims if d in out_dims)
         return 0
-
-    def _rhs_row_runs(self, c: Compute, operands, tensor_maps, ranges, out_dims: set[int], n_results: int) -> None:
-        """Sets `rhs_root` and `rhs_row_run_bytes` of a contraction whose B (the input whose
-        innermost dim is the output's innermost dim) is read a part of each row at a time: the
-        register tile is narrower than the whole tensor's rows."""
-        n_dim = max(out_dims)
-        for v, m in list(zip(operands, tensor_maps))[: max(0, len(operands) - n_results)]:
-            dims = [e.position for e in m.results if isinstance(e, ir.AffineDimExpr)]
-            if not (dims and dims[-1] == n_dim and len(dims) == len(list(m.results))):
-                continue
-            root = self.root_tensor(v)
-            whole = self.shape(root)
-            if whole and ranges[n_dim] < whole[-1]:
-                # A row visit fetches whole cache lines: a narrower run reads the rest of its line later, from cache.
-                c.rhs_root, c.rhs_row_run_bytes = root, max(ranges[n_dim] * c.element_bytes, _LINE_BYTES)
-            return
 
     def _lhs_input(self, operands, tensor_maps, out_dims: set[int], n_results: int) -> tuple[ir.Value, list] | None:
         """The input a register tile broadcasts along its innermost parallel dim (A of a matmul)
@@ -505,9 +487,6 @@ class Analyzer:
             carried_acc_bytes=self._carried_acc_bytes(op) if loop is not None else 0,
             accumulator_loop=loop,
         )
-
-
-_LINE_BYTES = 64
 
 
 def _rhs_k_contiguous(maps, out_dims: set[int], n_inputs: int) -> bool:

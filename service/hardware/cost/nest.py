@@ -64,11 +64,6 @@ class Compute:
     # the register tile's extent over the second input's own parallel dims (co), 0 otherwise.
     # IREE's vector lowering puts the lanes along them (cost/registers.py).
     second_input_rows: int = 0
-    # B stored [k, n] (its rows along the output's innermost dim) and read by a register tile
-    # narrower than its rows: the whole tensor B is cut from, and the bytes of one of its rows a
-    # reduction step reads (the tile's width); None and 0 otherwise (cost/nest_cost.py).
-    rhs_root: ir.Value | None = None
-    rhs_row_run_bytes: int = 0
     # That first input's tile is dynamic along the innermost parallel dim (a tile above it does
     # not divide the pixels): IREE masks its reads and builds the FMAs' operands element by element.
     masked_first_input: bool = False

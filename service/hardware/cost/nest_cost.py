@@ -148,18 +148,13 @@ def _level_costs(root: Node, op, an: Analyzer, hw: HardwareModel, band: dict[int
     footprint_at_depth = [max((node_footprint(n, an, fp) for n in band_tiles if band[n.id] == d), default=0) for d in range(max_depth + 1)]
     levels = hw.memory_levels
     level_costs: list[LevelCost] = []
-    row_runs = _row_runs(nodes)
     for i, lv in enumerate(levels):
         depth = max(0, max_depth - (len(levels) - 1 - i))
         footprint = footprint_at_depth[depth] * (active if lv.shared and depth >= 1 else 1)
-        row_restarts = 0.0  # bytes' worth of the level's time lost moving to the next row
         if i + 1 < len(levels):
             inner = levels[i + 1]
             cap = inner.capacity_bytes / (active if inner.shared else 1)
-            whole = inner.capacity_bytes if inner.shared else None
-            traffic = misses(root, cap, an, fp, whole)
-            if lv.row_start_bytes:
-                row_restarts = sum(misses(root, cap, an, fp, whole, of=b) * lv.row_start_bytes / run for b, run in row_runs)
+            traffic = misses(root, cap, an, fp, inner.capacity_bytes if inner.shared else None)
         else:
             traffic = work.inner_traffic
         if i == len(levels) - 2 and not levels[-1].scratchpad and footprint_at_depth[max_depth] > levels[-1].capacity_bytes:
@@ -171,7 +166,7 @@ def _level_costs(root: Node, op, an: Analyzer, hw: HardwareModel, band: dict[int
         # share (the misses it keeps in flight), so a nest on fewer cores gets less of it.
         share = min(1.0, active / hw.compute.cores) if lv.shared else active
         bandwidth = lv.bandwidth_bytes_per_s * eff * share
-        t = (traffic + row_restarts) / bandwidth
+        t = traffic / bandwidth
         level_costs.append(LevelCost(name=lv.name, footprint_bytes=int(footprint), traffic_bytes=int(traffic), capacity_bytes=lv.capacity_bytes, time_s=t))
         if lv.scratchpad and footprint_at_depth[depth] > lv.capacity_bytes:
             reasons.append(
@@ -179,17 +174,6 @@ def _level_costs(root: Node, op, an: Analyzer, hw: HardwareModel, band: dict[int
                 f"(loop depth {depth} of nest at {opname(op)})"
             )
     return level_costs
-
-
-def _row_runs(nodes: list[Node]) -> list[tuple[object, int]]:
-    """(B's whole tensor, bytes of a row one reduction step reads) of the nest's contractions
-    whose register tile reads B a part of each row at a time (Compute.rhs_row_run_bytes)."""
-    runs: list[tuple[object, int]] = []
-    for n in nodes:
-        for c in n.computes:
-            if c.rhs_row_run_bytes and not any(b == c.rhs_root for b, _ in runs):
-                runs.append((c.rhs_root, c.rhs_row_run_bytes))
-    return runs
 
 
 def _loop_overhead_s(nodes: list[Node], top: Node | None, active: int, hw: HardwareModel) -> float:
