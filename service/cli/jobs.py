@@ -81,9 +81,8 @@ def _model_dispatches(path: Path) -> dict:
             found = model_file_items(importable_model(path, Path(tmp)), Path(tmp))
         except ModelInputError as exc:
             raise _ir_failure(exc) from None
-    if not found.tunable:  # as the server would refuse it, said before any request
-        raise _ir_failure(f"{path.name} has no dispatch tilesearch tunes (a single static contraction root): "
-                          + "; ".join(f"{d.name}: {d.reason}" for d in found.left_to_iree[:5]))
+    if why := found.why_nothing_to_tune(path.name):  # as the server would refuse it, said before any request
+        raise _ir_failure(why)
     return found.model_dump(mode="json")
 
 

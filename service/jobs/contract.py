@@ -47,6 +47,14 @@ class ModelItems(BaseModel):
     tunable: list[ModelDispatch] = Field(max_length=MAX_ITEMS)
     left_to_iree: list[LeftToIree] = Field(default_factory=list, max_length=10 * MAX_ITEMS)
 
+    def why_nothing_to_tune(self, model: str) -> str | None:
+        """Why a job over `model` (how to name it) has no item, with the first reasons; None when
+        one of its dispatches is tunable."""
+        if self.tunable:
+            return None
+        return (f"{model} has no dispatch tilesearch tunes (a single static contraction root): "
+                + "; ".join(f"{d.name}: {d.reason}" for d in self.left_to_iree[:5]))
+
 
 class JobRequest(BaseModel):
     """A batch of searches. Each item's result is an ordinary decision: a later POST /v1/tilings

@@ -66,9 +66,8 @@ class JobService:
                                                          timeout=rt.settings.request_timeout_s * 5)
             new_items = [jobs.NewItem(d.name, d.module, None, d.weight) for d in found.tunable]
             notes = {"left_to_iree": [d.model_dump() for d in found.left_to_iree]}
-            if not new_items:
-                raise ValueError("the model has no dispatch tilesearch tunes (a single static contraction root): "
-                                 + "; ".join(f"{d.name}: {d.reason}" for d in found.left_to_iree[:5]))
+            if why := found.why_nothing_to_tune("the model"):
+                raise ValueError(why)
         else:
             new_items = [jobs.NewItem(i.name, i.module, i.shape_hints) for i in request.items or []]
         queue = measure_queue(this_host()) if request.measure_top else SEARCH_QUEUE
