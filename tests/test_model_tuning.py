@@ -93,6 +93,8 @@ def test_bench_counts_the_dispatches_a_spec_changed_and_refuses_a_spec_that_chan
     run = CliRunner().invoke(app, ["model", "bench", str(MLP), "--spec", report.spec, "--rounds", "2"])
     assert run.exit_code == 0, run.output
     assert len(re.findall(r"middle half \d+\.\d+-\d+\.\d+ ms", run.output)) == 2
+    faster = re.search(r"the spec's build was faster in (\d) of 2 rounds \(sign test p = (\d\.\d\d)", run.output)
+    assert faster and {"0": "1.00", "1": "0.75", "2": "0.25"}[faster[1]] == faster[2], run.output
     # A spec IREE cannot read is named as the culprit, not the model.
     broken = tmp_path / "broken.mlir"
     broken.write_text("this is not a spec")

@@ -99,7 +99,9 @@ def model_tune_cmd(
             typer.echo(f"removed the older {spec_out}, so that it is not taken for this run's spec")
     if report.measured_model_s is not None and report.iree_default_measured_model_s is not None:
         typer.echo(f"measured inside the model (all dispatches per run): IREE's default "
-                   f"{report.iree_default_measured_model_s * 1e3:.3f} ms, with the spec {report.measured_model_s * 1e3:.3f} ms")
+                   f"{report.iree_default_measured_model_s * 1e3:.3f} ms, with the spec {report.measured_model_s * 1e3:.3f} ms"
+                   + (f" (faster in {report.measured_model_rounds[0]} of {report.measured_model_rounds[1]} alternating rounds)"
+                      if report.measured_model_rounds else ""))
     if run_id is not None:
         typer.echo(f"stored as model run {run_id}" + (f" (tilesearch model spec {run_id} -o spec.mlir)" if report.spec else ""))
 
@@ -196,6 +198,8 @@ def model_bench_cmd(
                f"(middle half {default_q}), with the spec {result.tuned_median_s * 1e3:.3f} ms (middle half {tuned_q}); "
                f"median wall time of {len(result.default_samples_s)} runs each, {rounds} interleaved rounds: "
                f"{result.speedup:.2f}x; the spec changed {result.dispatches_changed} of {result.dispatches} dispatches")
+    typer.echo(f"the spec's build was faster in {result.tuned_faster_rounds} of {rounds} rounds "
+               f"(sign test p = {result.sign_test_p:.2f}: the chance of that many if both builds were equally fast)")
     if _overlap(result.default_samples_s, result.tuned_samples_s):
         typer.echo("the two builds' middle halves overlap: the difference is within this machine's noise "
                    "(more --rounds, or a quieter machine)")

@@ -9,6 +9,7 @@ was applied, and timed in interleaved rounds with iree-benchmark-module.
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -157,12 +158,29 @@ def _static_tensor(t: ir.Type, i: int, function: str) -> ArgumentSpec:
 
 @dataclass
 class ModelTiming:
+    """Both builds' wall times per call, in round order; `rounds`: (IREE's default, the spec's)
+    per alternating round, each the median of that round's repetitions."""
+
     default_s: list[float] = field(default_factory=list)
     tuned_s: list[float] = field(default_factory=list)
+    rounds: list[tuple[float, float]] = field(default_factory=list)
 
     @property
     def speedup(self) -> float:
         return statistics.median(self.default_s) / statistics.median(self.tuned_s)
+
+    @property
+    def tuned_faster_rounds(self) -> int:
+        return sum(1 for default, tuned in self.rounds if tuned < default)
+
+    @property
+    def sign_test_p(self) -> float:
+        """One-sided sign test over the rounds: the chance that the spec's build wins at least
+        this many of them when the two builds are equally fast (each round a coin toss). Rounds
+        pair builds timed back to back, under the same load; medians alone do not say whether
+        a gain of a few percent is the machine's noise."""
+        n, wins = len(self.rounds), self.tuned_faster_rounds
+        return sum(math.comb(n, k) for k in range(wins, n + 1)) / 2**n
 
 
 def time_models(default_vmfb: Path, tuned_vmfb: Path, input_flags: list[str], *, function: str = "main",
@@ -171,10 +189,13 @@ def time_models(default_vmfb: Path, tuned_vmfb: Path, input_flags: list[str], *,
     other processes hits both alike."""
     timing = ModelTiming()
     for _ in range(rounds):
+        medians = []
         for vmfb, samples in ((default_vmfb, timing.default_s), (tuned_vmfb, timing.tuned_s)):
             got = benchmark_module(vmfb, function, input_flags, repetitions=repetitions,
                                    min_time_s=min_time_s, timeout_s=timeout_s)
             samples.extend(got.real_s)
+            medians.append(statistics.median(got.real_s))
+        timing.rounds.append((medians[0], medians[1]))
     return timing
 
 

@@ -31,6 +31,8 @@ class ModelBenchmark(BaseModel):
     tuned_samples_s: list[float]
     dispatches: int  # dispatch functions of the model
     dispatches_changed: int  # of them, those whose ops the spec compiled with other configs (at least one)
+    tuned_faster_rounds: int  # alternating rounds in which the spec's build ran faster
+    sign_test_p: float  # the chance of that many when both builds are equally fast (ModelTiming.sign_test_p)
 
 
 def bench_model(model: Path, spec: Path, *, rounds: int = 5, function: str | None = None) -> ModelBenchmark:
@@ -60,4 +62,5 @@ def bench_model(model: Path, spec: Path, *, rounds: int = 5, function: str | Non
     return ModelBenchmark(model=str(source), spec=str(spec), default_median_s=statistics.median(timing.default_s),
                           tuned_median_s=statistics.median(timing.tuned_s), speedup=timing.speedup,
                           default_samples_s=timing.default_s, tuned_samples_s=timing.tuned_s,
-                          dispatches=len(default), dispatches_changed=changed)
+                          dispatches=len(default), dispatches_changed=changed,
+                          tuned_faster_rounds=timing.tuned_faster_rounds, sign_test_p=timing.sign_test_p)

@@ -154,6 +154,8 @@ class ModelTuneReport(BaseModel):
     iree_default_measured_model_s: float | None = Field(
         default=None, description="--measure-top: every dispatch's wall time per model run, IREE's default build")
     measured_model_s: float | None = Field(default=None, description="--measure-top: the same with the spec")
+    measured_model_rounds: tuple[int, int] | None = Field(
+        default=None, description="--measure-top: alternating rounds the spec's build was faster in, and rounds timed")
     elapsed_s: float
     searches: list[DispatchSearch] = Field(default_factory=list, exclude=True,
                                            description="the tuned dispatches' searches, for the store")
@@ -170,7 +172,7 @@ class ModelTuneReport(BaseModel):
                 "predicted_total_s": self.predicted_total_s if any(d.tuned for d in self.dispatches) else None,
                 "elapsed_s": self.elapsed_s,
                 "iree_default_measured_model_s": self.iree_default_measured_model_s,
-                "measured_model_s": self.measured_model_s}
+                "measured_model_s": self.measured_model_s, "measured_model_rounds": self.measured_model_rounds}
 
 
 class _Candidate:
@@ -606,8 +608,10 @@ def tune_model(model: Path, hardware: HardwareModel, spec_out: Path, *, budget: 
     return ModelTuneReport(model=str(model), hardware=hardware.name, dispatches=reports,
                            spec=str(spec_out) if matchers else None,
                            predicted_total_s=predicted, verified=verify and bool(tuned) and not problems,
-                           iree_default_measured_model_s=measured_model[0] if measured_model else None,
-                           measured_model_s=measured_model[1] if measured_model else None,
+                           iree_default_measured_model_s=statistics.median(measured_model.default_s) if measured_model else None,
+                           measured_model_s=statistics.median(measured_model.tuned_s) if measured_model else None,
+                           measured_model_rounds=((measured_model.tuned_faster_rounds, len(measured_model.rounds))
+                                                  if measured_model else None),
                            elapsed_s=time.perf_counter() - t0, searches=searches,
                            measured_left=[MeasuredDispatch(name=c.dispatch.entry, module=c.dispatch.module or "",
                                                            refinement=c.refinement)
