@@ -15,6 +15,7 @@ from .common import (
     _read_text,
     _ready_store,
     _run_ir_task,
+    _writable_spec_path,
     server_errors,
 )
 from .jobs import job_app, worker_cmd
@@ -356,6 +357,7 @@ def tune_cmd(
     """Search tile-and-fuse plans; prints the best, its predicted cost and the super-tiling baseline."""
     import json
 
+    _writable_spec_path(spec_out)
     if server is not None:
         if measure_top:
             typer.echo("error: --measure-top runs IREE on this machine; drop --server", err=True)
@@ -432,20 +434,22 @@ def tune_cmd(
         for path in written:
             typer.echo(f"wrote {path}")
     if no_spec is not None:  # after the answer: the search's result is still worth having
-        typer.echo(f"error: no tuning spec written to {spec_out}: {no_spec}", err=True)
-        raise typer.Exit(2)
+        _no_spec_needed(spec_out, as_json, no_spec, plan_tiles=True)
     if not result.feasible and not as_json:
         raise typer.Exit(3)
 
 
-def _no_spec_needed(path: Path, as_json: bool, why: str | None = None) -> None:
-    """The answer leaves every op to IREE (the best plan tiles nothing, or IREE's default was
-    predicted as fast or measured fastest): no spec is the right output, and an older file there
-    would be a stale answer."""
+def _no_spec_needed(path: Path, as_json: bool, why: str | None = None, plan_tiles: bool = False) -> None:
+    """No spec: the answer leaves every op to IREE (the best plan tiles nothing, or IREE's
+    default was predicted as fast or measured fastest), or (`plan_tiles`) its plan is not one
+    IREE takes as a config (a convolution IREE 3.13 drops a config for, dynamic dims). Either
+    way IREE compiles with its own configs, so no spec is the right output, not an error, and an
+    older file there would be a stale answer."""
     path.unlink(missing_ok=True)
     if not as_json:
-        typer.echo(f"note: no tuning spec written to {path}: the answer keeps IREE's own configs"
-                   + (f" ({why})" if why else ""), err=True)
+        lead = "the plan cannot be given to IREE as a config" if plan_tiles else "the answer keeps IREE's own configs"
+        typer.echo(f"note: no tuning spec written to {path}: {lead}" + (f" ({why})" if why else "")
+                   + ("; IREE compiles the module with its own configs" if plan_tiles else ""), err=True)
 
 
 def _write_spec(source: str | bytes, plan: dict, hardware, path: Path) -> str | None:
@@ -496,14 +500,12 @@ def _tune_via_server(server: str, token: str | None, file: Path, hardware: str, 
         _no_spec_needed(spec_out, as_json, decision.no_tuning_spec)
     elif spec_out is not None:
         no_spec = decision.no_tuning_spec or "the server's decision configures no contraction IREE takes a config for"
-        spec_out.unlink(missing_ok=True)
     if as_json:
         typer.echo(decision.model_dump_json(indent=2))
     else:
         _print_server_decision(server, decision, out, spec_written)
     if no_spec is not None:
-        typer.echo(f"error: no tuning spec written to {spec_out}: {no_spec}", err=True)
-        raise typer.Exit(2)
+        _no_spec_needed(spec_out, as_json, no_spec, plan_tiles=True)
 
 
 def _print_server_decision(server: str, decision, out: Path | None, spec_written: Path | None) -> None:

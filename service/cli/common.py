@@ -97,6 +97,18 @@ def server_errors(server: str) -> Iterator[None]:
         raise typer.Exit(2 if 400 <= exc.status_code < 500 else 1) from None
 
 
+def _writable_spec_path(spec_out: Path | None) -> None:
+    """--spec-out names a file in an existing folder: checked before the search, not after."""
+    if spec_out is None:
+        return
+    if spec_out.is_dir():
+        typer.echo(f"error: --spec-out {spec_out} is a directory: give the spec file's path", err=True)
+        raise typer.Exit(2)
+    if not spec_out.parent.is_dir():
+        typer.echo(f"error: --spec-out {spec_out}: directory {spec_out.parent} does not exist", err=True)
+        raise typer.Exit(2)
+
+
 def _positive_seconds(value: float | None) -> float | None:
     """--seconds: a time limit, so more than 0 (0 read as no limit, a negative one as no search)."""
     if value is not None and not (value > 0 and math.isfinite(value)):

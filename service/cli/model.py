@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from .common import _ir_failure, _positive_seconds
+from .common import _ir_failure, _positive_seconds, _writable_spec_path
 
 model_app = typer.Typer(help="Whole models: IREE's dispatches in, one tuning spec out.", no_args_is_help=True)
 
@@ -44,12 +44,7 @@ def model_tune_cmd(
         typer.echo(f"error: --hardware {hardware} is not a CPU profile: `model tune` compiles the model for this "
                    f"CPU with IREE and checks the spec there; use host-cpu (or a profile calibrated from it)", err=True)
         raise typer.Exit(2)
-    if not spec_out.parent.is_dir():  # before minutes of tuning, not after
-        typer.echo(f"error: --spec-out {spec_out}: directory {spec_out.parent} does not exist", err=True)
-        raise typer.Exit(2)
-    if spec_out.is_dir():
-        typer.echo(f"error: --spec-out {spec_out} is a directory: give the spec file's path", err=True)
-        raise typer.Exit(2)
+    _writable_spec_path(spec_out)  # before minutes of tuning, not after
     older = spec_out.exists()
     sessions = _store_sessions() if store else None  # before the search: a store that is not ready costs nothing
     columns = (TextColumn("tuning {task.fields[dispatch]}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())

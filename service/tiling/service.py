@@ -146,7 +146,9 @@ def _with_refinement(stored: Decision, outcome: SearchOutcome) -> dict:
     stats["refinements"] = [*stats.get("refinements", []), {
         "strategy": outcome.stats.strategy, "budget": outcome.stats.budget, "seed": outcome.stats.seed,
         "evaluations": outcome.stats.evaluations, "complete": outcome.stats.complete, "replaced": False}]
-    if stats.get("no_tuning_spec"):  # its reason counted the first search's plans only
+    if stats.get("no_tuning_spec") and (stats.get("iree_default") or {}).get("kept"):
+        # The guard's reason counted the first search's plans only; any other reason (a
+        # convolution, dynamic dims) does not depend on how many were searched.
         stats["no_tuning_spec"] += f"; then {outcome.stats.evaluations} more ({outcome.stats.strategy}): nothing better"
     return stats
 
