@@ -183,3 +183,31 @@ func.func @f(%a: tensor<1x4096xf32>, %b: tensor<4096x4096xf32>) -> tensor<1x4096
         return cost.levels[0].time_s
 
     assert dram_s([0, 0]) > 1.8 * dram_s([0, 256])
+
+
+def test_a_register_tile_reading_a_line_of_each_row_of_b_loses_the_next_line_to_l1_sets(monkeypatch):
+    """A 1 x 16 f32 register tile over B stored [k, n] reads one cache line of each of B's rows a
+    step, walking all K rows for it; the next tile needs the next line of every row, in L1 only if
+    it survived the walk. Rows a whole number of lines apart fall in sets / gcd(pitch, sets) of
+    L1's sets: one core reading a matrix so (benchmarks/probes/row_runs.c, Intel Xeon f6 m167, 768
+    rows) got 0.33-0.41 of the bandwidth of 64 floats a row visit at pitches of 144, 172 and 176
+    lines, and all of it at 169, 171 and 173. GPT-2's c_attn at one token (pitch 2304 floats, 144
+    lines) ran 1.5-2.5x slower with IREE's 1 x 16 than with 1 x 64 on all five CPUs measured."""
+    from service.hardware.cost import registers
+    from _shared import matmul_module, reference_host
+
+    hw = reference_host()  # L1 48 KiB, 12 ways: 64 sets
+
+    def latency(layout: str, n: int, vec: list[int], k: int = 768) -> float:
+        with context():
+            tagged = tag_tileable_ops(parse_module(matmul_module(layout, m=1, n=n, k=k)))
+            return estimate_cost(apply_plan(tagged, matmul_plan([1, 64], vec, 16)).module, hw).latency_s
+
+    narrow, wide = latency("kn", 2304, [1, 16]), latency("kn", 2304, [1, 64])
+    assert narrow > 1.5 * wide  # 768 rows in 4 sets of 12 ways
+    assert latency("kn", 2320, [1, 16]) < 1.1 * latency("kn", 2320, [1, 64])  # 145 lines: every set
+    assert latency("kn", 2304, [1, 16], k=32) < 1.1 * latency("kn", 2304, [1, 64], k=32)  # 32 rows fit 4 sets
+    nk = latency("nk", 2304, [1, 16])
+    monkeypatch.setattr(registers, "_NARROW_WALK_EFFICIENCY", 1.0)  # the term off
+    assert latency("kn", 2304, [1, 16]) < 1.1 * wide  # it alone told the two apart
+    assert latency("nk", 2304, [1, 16]) == pytest.approx(nk)  # B read along k: never applies

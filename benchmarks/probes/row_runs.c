@@ -7,8 +7,10 @@
 //     gcc -O2 -mavx512f -mfma -o /tmp/row_runs benchmarks/probes/row_runs.c
 //     /tmp/row_runs 768 2304 300      # K N repetitions: GPT-2's c_attn weight, 7 MB (L3)
 //     /tmp/row_runs 4096 4096 20      # 67 MB: from DRAM
+//     for n in 2688 2704 2720 2736 2752 2768 2784 2800 2816; do /tmp/row_runs 768 $n 150; done
+//                                      # pitches of 168-176 lines: 768 rows in 8, 64, 32, 64, 16, ... L1 sets
 //
-// Figures, and what they mean for the cost model: docs/benchmarks.md, session 29.
+// Figures, and what they mean for the cost model: docs/benchmarks.md, sessions 29 and 30.
 #include <immintrin.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -369,6 +369,8 @@ class Analyzer:
             c.rhs_k_contiguous = _rhs_k_contiguous(maps, out_dims, n_inputs=len(operands) - len(op.results))
             if not c.rhs_k_contiguous:
                 c.strided_rhs_elements = self._strided_rhs_elements(operands, tensor_maps, ranges, out_dims, len(op.results))
+                if not c.strided_rhs_elements:
+                    self._rhs_row_walk(c, operands, tensor_maps, ranges, out_dims, len(op.results))
             self._first_input_vectors(c, operands, tensor_maps, ranges, out_dims, len(op.results))
         return c
 
@@ -400,6 +402,27 @@ class Analyzer:
                     return 0
                 return math.prod(ranges[d] for d in dims if d in out_dims)
         return 0
+
+    def _rhs_row_walk(self, c: Compute, operands, tensor_maps, ranges, out_dims: set[int], n_results: int) -> None:
+        """Sets `rhs_root`, `rhs_run_bytes` and `rhs_walk_rows` of a contraction whose register
+        tile reads a part of each row of B at a time (B: the input whose innermost dim is the
+        output's innermost dim; the tile narrower than B's rows). Extents and strides are those
+        of the whole tensor the tile is cut from, where B's rows sit in memory."""
+        n_dim = max(out_dims)
+        for v, m in list(zip(operands, tensor_maps))[: max(0, len(operands) - n_results)]:
+            dims = [e.position if isinstance(e, ir.AffineDimExpr) else None for e in m.results]
+            if not dims or dims[-1] != n_dim:
+                continue
+            root, t = self.root_tensor(v), ranked(v)
+            whole = self.shape(root)
+            if t is None or None in dims or len(whole) != len(dims) or ranges[n_dim] >= whole[-1]:
+                return
+            size = element_bytes(t)
+            rows = tuple((whole[p], math.prod(whole[p + 1:]) * size)
+                         for p, d in enumerate(dims) if d not in out_dims and whole[p] > 1)
+            if rows:
+                c.rhs_root, c.rhs_run_bytes, c.rhs_walk_rows = root, ranges[n_dim] * size, rows
+            return
 
     def _lhs_input(self, operands, tensor_maps, out_dims: set[int], n_results: int) -> tuple[ir.Value, list] | None:
         """The input a register tile broadcasts along its innermost parallel dim (A of a matmul)

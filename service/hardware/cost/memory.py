@@ -115,27 +115,34 @@ def node_footprint(node: Node, an: Analyzer, cache: dict[int, int]) -> int:
     return cache[node.id]
 
 
-def misses(node: Node, capacity: float, an: Analyzer, fp: dict[int, int], whole: float | None = None) -> float:
+def misses(node: Node, capacity: float, an: Analyzer, fp: dict[int, int], whole: float | None = None,
+           of: ir.Value | None = None) -> float:
     """Bytes brought into a level of `capacity` (a core's share) during ONE execution of `node`
     (all its trips). `whole`: the level's full capacity when all cores share it. The footprint of
     the root or of the distributed forall is the union of what every core touches, so it is
-    held against the whole shared cache; one iteration's footprint, against a core's share."""
+    held against the whole shared cache; one iteration's footprint, against a core's share.
+    `of`: only the bytes of tiles cut from this tensor (Analyzer.root_tensor)."""
+    def counted(s: Slice) -> bool:
+        return of is None or an.root_tensor(s.source) == of
+
     limit = whole if whole is not None and node.kind in ("root", "forall") else capacity
     if node_footprint(node, an, fp) <= limit:
         total = 0.0
         for s, union in outside_slices(node, an):
             # Invariant in this loop: stays resident across its iterations.
-            total += union * (node.trips if node.id in s.deps else 1)
+            if counted(s):
+                total += union * (node.trips if node.id in s.deps else 1)
         return total
     per_iteration = 0.0
     for s in node.slices:
         if not _defined_inside(node, s.source, an) or s.node is node:
-            if _feeds_compute_here(s, node):
+            if _feeds_compute_here(s, node) and counted(s):
                 per_iteration += s.bytes
-    for c in node.computes:  # intermediates spill when the iteration does not fit
-        per_iteration += sum(an.bytes_of(r) for r in c.op.results)
+    if of is None:
+        for c in node.computes:  # intermediates spill when the iteration does not fit
+            per_iteration += sum(an.bytes_of(r) for r in c.op.results)
     for child in node.children:
-        per_iteration += misses(child, capacity, an, fp, whole)
+        per_iteration += misses(child, capacity, an, fp, whole, of)
     return per_iteration * node.trips
 
 

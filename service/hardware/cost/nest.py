@@ -64,6 +64,13 @@ class Compute:
     # the register tile's extent over the second input's own parallel dims (co), 0 otherwise.
     # IREE's vector lowering puts the lanes along them (cost/registers.py).
     second_input_rows: int = 0
+    # B stored [k, n] (its rows along the output's innermost dim) and read by a register tile
+    # narrower than its rows: the whole tensor B is cut from, the bytes of one of its rows a
+    # reduction step reads, and (extent, byte stride) of each of B's reduction dims, the rows a
+    # register tile walks for its part of them (cost/registers.py); None, 0 and () otherwise.
+    rhs_root: ir.Value | None = None
+    rhs_run_bytes: int = 0
+    rhs_walk_rows: tuple[tuple[int, int], ...] = ()
     # That first input's tile is dynamic along the innermost parallel dim (a tile above it does
     # not divide the pixels): IREE masks its reads and builds the FMAs' operands element by element.
     masked_first_input: bool = False

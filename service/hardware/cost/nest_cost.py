@@ -15,7 +15,7 @@ from .latency import NestTerms, nest_latency_s
 from .memory import misses, node_footprint
 from .nest import Node
 from .ops import opname
-from .registers import check_vector_tile, compute_lanes, microkernel_efficiency, spilled_fraction
+from .registers import check_vector_tile, compute_lanes, microkernel_efficiency, narrow_walk_efficiency, spilled_fraction
 from .results import LevelCost, NestCost, kib
 
 
@@ -148,13 +148,20 @@ def _level_costs(root: Node, op, an: Analyzer, hw: HardwareModel, band: dict[int
     footprint_at_depth = [max((node_footprint(n, an, fp) for n in band_tiles if band[n.id] == d), default=0) for d in range(max_depth + 1)]
     levels = hw.memory_levels
     level_costs: list[LevelCost] = []
+    walks = _narrow_walks(nodes, hw)
     for i, lv in enumerate(levels):
         depth = max(0, max_depth - (len(levels) - 1 - i))
         footprint = footprint_at_depth[depth] * (active if lv.shared and depth >= 1 else 1)
+        slowed = 0.0  # bytes' worth of the level's time lost to B's rows read a line at a time
         if i + 1 < len(levels):
             inner = levels[i + 1]
             cap = inner.capacity_bytes / (active if inner.shared else 1)
-            traffic = misses(root, cap, an, fp, inner.capacity_bytes if inner.shared else None)
+            whole = inner.capacity_bytes if inner.shared else None
+            traffic = misses(root, cap, an, fp, whole)
+            if lv.shared:
+                # A line lost from L1 waits on this level; from a core's own L2 the wait is short
+                # and partly hidden (a Zen 4 lost 0.77 there, not 0.4: docs/benchmarks.md).
+                slowed = sum(misses(root, cap, an, fp, whole, of=b) * (1.0 / eff - 1.0) for b, eff in walks)
         else:
             traffic = work.inner_traffic
         if i == len(levels) - 2 and not levels[-1].scratchpad and footprint_at_depth[max_depth] > levels[-1].capacity_bytes:
@@ -166,7 +173,7 @@ def _level_costs(root: Node, op, an: Analyzer, hw: HardwareModel, band: dict[int
         # share (the misses it keeps in flight), so a nest on fewer cores gets less of it.
         share = min(1.0, active / hw.compute.cores) if lv.shared else active
         bandwidth = lv.bandwidth_bytes_per_s * eff * share
-        t = traffic / bandwidth
+        t = (traffic + slowed) / bandwidth
         level_costs.append(LevelCost(name=lv.name, footprint_bytes=int(footprint), traffic_bytes=int(traffic), capacity_bytes=lv.capacity_bytes, time_s=t))
         if lv.scratchpad and footprint_at_depth[depth] > lv.capacity_bytes:
             reasons.append(
@@ -174,6 +181,20 @@ def _level_costs(root: Node, op, an: Analyzer, hw: HardwareModel, band: dict[int
                 f"(loop depth {depth} of nest at {opname(op)})"
             )
     return level_costs
+
+
+def _narrow_walks(nodes: list[Node], hw: HardwareModel) -> list[tuple[object, float]]:
+    """(B's whole tensor, the fraction of a level's bandwidth its reads get) of the nest's
+    contractions whose register tile reads B a line of each row at a time and loses the next
+    line before it reads it (registers.narrow_walk_efficiency)."""
+    walks: list[tuple[object, float]] = []
+    for n in nodes:
+        for c in n.computes:
+            if c.rhs_root is not None and not any(b == c.rhs_root for b, _ in walks):
+                eff = narrow_walk_efficiency(c, hw)
+                if eff < 1.0:
+                    walks.append((c.rhs_root, eff))
+    return walks
 
 
 def _loop_overhead_s(nodes: list[Node], top: Node | None, active: int, hw: HardwareModel) -> float:

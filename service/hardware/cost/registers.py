@@ -256,13 +256,46 @@ def _set_conflict_efficiency(c: Compute, hw: HardwareModel) -> float:
     return min(1.0, l1.associativity / _rows_per_set(c.lhs_rows, l1.line_bytes, sets))
 
 
+# What a core's reads of B get of a shared level's bandwidth when a register tile reads one cache
+# line of each of B's rows a step and the next line of each row, which the L1 prefetcher brought
+# in, is evicted before the next register tile reads it: one core reading a [K, N] f32 matrix in
+# column panels (benchmarks/probes/row_runs.c), 16 floats of a row a visit against 64: 0.33-0.41
+# from L3 on an Intel Xeon f6 m167, 0.58 on an AMD Zen 4 (docs/benchmarks.md, sessions 29-30).
+_NARROW_WALK_EFFICIENCY = 0.4
+
+
+def narrow_walk_efficiency(c: Compute, hw: HardwareModel) -> float:
+    """Fraction of a shared level's bandwidth a core's reads of B get (1.0: no loss).
+
+    A register tile one cache line wide over B stored [k, n] walks all of B's reduction rows for
+    that line of each; the next register tile reads the next line of every row, in L1 only if
+    the L1's next-line prefetch brought it and it survived the walk. Rows a pitch apart fall in
+    sets / gcd(pitch in lines, sets) sets, and with more rows per set than ways they evict each
+    other. The probe, 768 rows from L3: pitches of 169, 171, 173 lines (every set) lose nothing,
+    170 and 174 (half the sets, 2 rows a way) 0.57-0.76, 172 (4 a way) 0.41, 176 (4 sets) 0.33;
+    at 192 rows the same with 4x fewer rows. Survival: (ways / rows per set) ** 2. Two lines a
+    visit lost less (0.68-0.92) and are not priced: pricing them moved GPT-2's projections to
+    tiles that ran its block 1.36-1.49x faster than IREE's default instead of 1.67-1.90x."""
+    l1 = hw.memory_levels[-1]
+    if (not c.rhs_walk_rows or l1.associativity is None or l1.line_bytes is None
+            or c.rhs_run_bytes > l1.line_bytes):
+        return 1.0
+    sets = max(1, l1.capacity_bytes // (l1.associativity * l1.line_bytes))
+    survived = min(1.0, l1.associativity / _rows_per_set(c.rhs_walk_rows, l1.line_bytes, sets)) ** 2
+    return _NARROW_WALK_EFFICIENCY + (1.0 - _NARROW_WALK_EFFICIENCY) * survived
+
+
 @functools.lru_cache(maxsize=4096)
 def _rows_per_set(rows: tuple[tuple[int, int], ...], line_bytes: int, sets: int) -> int:
     """Most rows (extent, stride per row dim) whose first line falls in one cache set."""
+    if len(rows) == 1 and rows[0][1] % line_bytes == 0:
+        # One row dim a whole number of lines apart: its rows cycle through sets / gcd sets.
+        extent, stride = rows[0]
+        return -(-extent // (sets // math.gcd(stride // line_bytes, sets)))
     offsets = [0]
     for extent, stride in rows:
         offsets = [o + i * stride for o in offsets for i in range(extent)]
-        if len(offsets) > 4096:  # not a register tile: no vector tile is this tall
+        if len(offsets) > 1 << 16:  # rows past this many spread over every set
             return 1
     return max(Counter((o // line_bytes) % sets for o in offsets).values())
 
