@@ -19,7 +19,7 @@ from service.api.app import create_app
 from service.config import Settings
 from service.store import migrate
 from service.tiling.service import TilingService
-from _shared import CORPUS, MATMUL_100, RESNET_SHARED_BIAS_INIT, workload
+from _shared import CORPUS, MATMUL_100, MLP_CHAIN_BUDGET, RESNET_SHARED_BIAS_INIT, workload
 
 MLP = workload("mlp_chain")
 MATMUL = workload("matmul_1024")
@@ -42,7 +42,7 @@ def _client(url: str, **overrides) -> TestClient:
 
 
 def _tile(client: TestClient, module: str, **extra):
-    return client.post("/v1/tilings", json={"module": module, "hardware": "host-cpu", "budget": 8, **extra})
+    return client.post("/v1/tilings", json={"module": module, "hardware": "host-cpu", "budget": MLP_CHAIN_BUDGET, **extra})
 
 
 def _metric(text: str, name: str, **labels: str) -> float:

@@ -19,7 +19,7 @@ from service.hardware.profiles import get_profile
 from service.store import measurements
 from service.store.db import make_engine, make_sessionmaker, session_scope
 from service.store.models import Decision, DecisionStatus, Module, Trial
-from _shared import workload
+from _shared import MLP_CHAIN_BUDGET, workload
 
 
 
@@ -207,7 +207,8 @@ def test_decision_detail_shows_costs_trials_measurements_and_artifacts(seeded):
 
 def test_decision_detail_draws_the_op_graph_of_a_searched_module(migrated_url):
     with _client(migrated_url) as client:
-        made = client.post("/v1/tilings", json={"module": workload("mlp_chain"), "hardware": "host-cpu", "budget": 8})
+        made = client.post("/v1/tilings", json={"module": workload("mlp_chain"), "hardware": "host-cpu",
+                                                "budget": MLP_CHAIN_BUDGET})
         assert made.status_code == 200, made.text
         decision = made.json()
         html = client.get(f"/decisions/{decision['id']}").text

@@ -21,7 +21,7 @@ import httpx
 import pytest
 
 from service.store import migrate
-from _shared import workload
+from _shared import MLP_CHAIN_BUDGET, workload
 
 playwright_api = pytest.importorskip("playwright.sync_api")
 
@@ -84,7 +84,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A server with two decisions made through POST /v1/tilings."""
     with _serve(tmp_path_factory) as base:
         for name in ("mlp_chain", "softmax"):
-            made = httpx.post(base + "/v1/tilings", json={"module": workload(name), "hardware": "host-cpu", "budget": 16}, timeout=120)
+            made = httpx.post(base + "/v1/tilings", json={"module": workload(name), "hardware": "host-cpu",
+                                                          "budget": MLP_CHAIN_BUDGET}, timeout=120)
             assert made.status_code == 200, made.text
         yield base
 

@@ -14,7 +14,7 @@ from fastapi.testclient import TestClient
 from pydantic import ValidationError
 from sqlalchemy import func, select
 
-from _shared import matmul_module, needs_avx512, workload
+from _shared import MLP_CHAIN_BUDGET, matmul_module, needs_avx512, workload
 from service.api.app import create_app
 from service.config import Settings
 from service.ir.errors import InvalidTextError, MLIRSyntaxError, ModuleTooLargeError, NestingTooDeepError
@@ -39,9 +39,6 @@ MLP = workload("mlp_chain")
 MLP_RESPELLED = (MLP.replace("// Dense layer", "// a comment of another user\n// Dense layer")
                  .replace("%acc", "%accumulator").replace("%x", "%lhs").replace("  %", "    %"))
 MLP_RENAMED = MLP.replace("@mlp_chain", "@tenant_b_kernel")
-# Enough plans that the search finds one the guard ships over IREE's default on the reference
-# host (these tests need a decision that tiles; 16 plans find none there).
-MLP_BUDGET = 32
 
 
 def _count(sessions, model) -> int:
@@ -140,7 +137,7 @@ def test_refinement_lease_is_single_flight_and_keeps_the_done_row(sessions) -> N
 
 
 def test_hit_answers_in_the_requesters_own_ir(service) -> None:
-    request = TilingRequest(module=MLP, hardware="host-cpu", budget=MLP_BUDGET)
+    request = TilingRequest(module=MLP, hardware="host-cpu", budget=MLP_CHAIN_BUDGET)
     first = service.decide(request)
     assert first.realisation is None and "@mlp_chain" in first.decision.tiled_module
 
@@ -159,7 +156,7 @@ def test_token_guards_reads_and_a_second_tenant_gets_its_own_text(migrated_url) 
     settings = Settings(database_url=migrated_url, api_token="t0ken", pool_workers=1)
     auth = {"Authorization": "Bearer t0ken"}
     with TestClient(create_app(settings)) as client:
-        body = {"module": MLP, "hardware": "host-cpu", "budget": MLP_BUDGET}
+        body = {"module": MLP, "hardware": "host-cpu", "budget": MLP_CHAIN_BUDGET}
         first = client.post("/v1/tilings", json=body, headers=auth).json()
         for path in (f"/v1/tilings/{first['id']}", f"/v1/tilings/{first['id']}/trials", "/v1/tilings", "/v1/hardware"):
             denied = client.get(path)
@@ -275,7 +272,7 @@ def test_caches_are_bounded_by_bytes() -> None:
 def test_decision_cache_of_the_service_counts_bytes(sessions, migrated_url, sandbox) -> None:
     settings = Settings(database_url=migrated_url, decision_cache_bytes=4096)
     service = TilingService(sessions, sandbox, settings)
-    decided = service.decide(TilingRequest(module=MLP, hardware="host-cpu", budget=MLP_BUDGET))
+    decided = service.decide(TilingRequest(module=MLP, hardware="host-cpu", budget=MLP_CHAIN_BUDGET))
     assert decided.decision.tiled_module
     assert len(service._done) == 0  # one decision with its tiled module is more than 4 KiB
     assert service._done.max_bytes == 4096

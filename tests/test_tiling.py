@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import event, func, select
 
-from _shared import MATMUL_100, workload
+from _shared import MATMUL_100, MLP_CHAIN_BUDGET, workload
 from service.ir.errors import MLIRSyntaxError
 from service.measure.tools import host_translation_info
 from service.store.models import Decision, DecisionStatus, GroupRecord, Trial
@@ -50,12 +50,12 @@ def test_reuse_false_searches_again(service, sessions) -> None:
 
 def test_related_module_starts_warm_from_group_records(service, sessions) -> None:
     base = workload("mlp_chain")
-    first = service.decide(TilingRequest(module=base, hardware="host-cpu", budget=16))
+    first = service.decide(TilingRequest(module=base, hardware="host-cpu", budget=MLP_CHAIN_BUDGET))
     assert first.cache == "miss"
     assert _count(sessions, GroupRecord) >= 1
     # same matmul group, a different op at the end of the chain: not a hit, but warm
     related = base.replace("arith.maximumf %v, %zero", "arith.minimumf %v, %zero")
-    second = service.decide(TilingRequest(module=related, hardware="host-cpu", budget=16))
+    second = service.decide(TilingRequest(module=related, hardware="host-cpu", budget=MLP_CHAIN_BUDGET))
     assert second.cache == "warm" and second.decision.id != first.decision.id
     assert second.decision.search_stats["warm_start_groups"]
 
