@@ -127,8 +127,9 @@ def test_measure_top_decides_inside_the_model_and_confirms_on_the_whole_model(tm
             if not d.reason.endswith("shipped with the whole-model build that measured fastest"):
                 assert d.measured_s * 1.05 <= d.iree_default_measured_s
         else:
+            # or withdrawn with the whole spec: no faster, not resolved by the rounds, or under the margin
             assert d.reason.startswith(("IREE's default measured as fast inside the model",
-                                        "the whole model measured no faster",
+                                        "the whole model measured ",
                                         "left to IREE: a whole-model build without it measured faster"))
     if any(d.tuned for d in report.dispatches):
         assert report.measured_model_s < report.iree_default_measured_model_s and Path(report.spec).exists()
