@@ -391,38 +391,47 @@ class Analyzer:
         c.masked_first_input = t is not None and t.shape[x_dims.index(n_dim)] == DYNAMIC
 
     def _strided_rhs_elements(self, operands, tensor_maps, ranges, out_dims: set[int], n_results: int) -> int:
-        """B's elements per reduction point (B: the input whose innermost dim is the output's
-        innermost dim) when it is cut through a slice that steps over elements along that dim (a
-        stride-2 convolution's input along the output row); 0 when B's rows are dense."""
+        """B's elements per reduction point (B: `_rhs_input`) when it is cut through a slice that
+        steps over elements along the output row (a stride-2 convolution's input along the output
+        row); 0 when B's rows are dense."""
+        rhs = self._rhs_input(operands, tensor_maps, out_dims, n_results)
+        if rhs is None:
+            return 0
+        v, dims = rhs
+        if innermost_step(self.resolve(v)) == 1:
+            return 0
+        return math.prod(ranges[d] for d in dims if d in out_dims)
+
+    def _rhs_row_walk(self, c: Compute, operands, tensor_maps, ranges, out_dims: set[int], n_results: int) -> None:
+        """Sets `rhs_root`, `rhs_run_bytes` and `rhs_walk_rows` of a contraction whose register
+        tile reads a part of each row of B (`_rhs_input`) at a time: the tile narrower than B's
+        rows. Extents and strides are those of the whole tensor the tile is cut from, where B's
+        rows sit in memory."""
+        rhs = self._rhs_input(operands, tensor_maps, out_dims, n_results)
+        if rhs is None:
+            return
+        v, dims = rhs
+        n_dim = max(out_dims)
+        root, t = self.root_tensor(v), ranked(v)
+        whole = self.shape(root)
+        if t is None or len(whole) != len(dims) or ranges[n_dim] >= whole[-1]:
+            return
+        size = element_bytes(t)
+        rows = tuple((whole[p], math.prod(whole[p + 1:]) * size)
+                     for p, d in enumerate(dims) if d not in out_dims and whole[p] > 1)
+        if rows:
+            c.rhs_root, c.rhs_run_bytes, c.rhs_walk_rows = root, ranges[n_dim] * size, rows
+
+    @staticmethod
+    def _rhs_input(operands, tensor_maps, out_dims: set[int], n_results: int) -> tuple[ir.Value, list[int]] | None:
+        """B of a contraction and the iteration dim of each of its dims: the first input indexed
+        by plain dims whose innermost is the output's innermost dim."""
         n_dim = max(out_dims)
         for v, m in list(zip(operands, tensor_maps))[: max(0, len(operands) - n_results)]:
             dims = [e.position for e in m.results if isinstance(e, ir.AffineDimExpr)]
             if dims and dims[-1] == n_dim and len(dims) == len(list(m.results)):
-                if innermost_step(self.resolve(v)) == 1:
-                    return 0
-                return math.prod(ranges[d] for d in dims if d in out_dims)
-        return 0
-
-    def _rhs_row_walk(self, c: Compute, operands, tensor_maps, ranges, out_dims: set[int], n_results: int) -> None:
-        """Sets `rhs_root`, `rhs_run_bytes` and `rhs_walk_rows` of a contraction whose register
-        tile reads a part of each row of B at a time (B: the input whose innermost dim is the
-        output's innermost dim; the tile narrower than B's rows). Extents and strides are those
-        of the whole tensor the tile is cut from, where B's rows sit in memory."""
-        n_dim = max(out_dims)
-        for v, m in list(zip(operands, tensor_maps))[: max(0, len(operands) - n_results)]:
-            dims = [e.position if isinstance(e, ir.AffineDimExpr) else None for e in m.results]
-            if not dims or dims[-1] != n_dim:
-                continue
-            root, t = self.root_tensor(v), ranked(v)
-            whole = self.shape(root)
-            if t is None or None in dims or len(whole) != len(dims) or ranges[n_dim] >= whole[-1]:
-                return
-            size = element_bytes(t)
-            rows = tuple((whole[p], math.prod(whole[p + 1:]) * size)
-                         for p, d in enumerate(dims) if d not in out_dims and whole[p] > 1)
-            if rows:
-                c.rhs_root, c.rhs_run_bytes, c.rhs_walk_rows = root, ranges[n_dim] * size, rows
-            return
+                return v, dims
+        return None
 
     def _lhs_input(self, operands, tensor_maps, out_dims: set[int], n_results: int) -> tuple[ir.Value, list] | None:
         """The input a register tile broadcasts along its innermost parallel dim (A of a matmul)
