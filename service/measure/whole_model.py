@@ -166,8 +166,16 @@ class ModelTiming:
     rounds: list[tuple[float, float]] = field(default_factory=list)
 
     @property
+    def default_median_s(self) -> float:
+        return statistics.median(self.default_s)
+
+    @property
+    def tuned_median_s(self) -> float:
+        return statistics.median(self.tuned_s)
+
+    @property
     def speedup(self) -> float:
-        return statistics.median(self.default_s) / statistics.median(self.tuned_s)
+        return self.default_median_s / self.tuned_median_s
 
     @property
     def tuned_faster_rounds(self) -> int:

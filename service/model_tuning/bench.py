@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import statistics
 import tempfile
 from pathlib import Path
 
@@ -59,8 +58,8 @@ def bench_model(model: Path, spec: Path, *, rounds: int = 5, function: str | Non
         with refused_as(f"cannot time {model.name}"):
             flags = write_inputs(arguments, workdir)
         timing = time_models(workdir / "default.vmfb", workdir / "tuned.vmfb", flags, function=function, rounds=rounds)
-    return ModelBenchmark(model=str(source), spec=str(spec), default_median_s=statistics.median(timing.default_s),
-                          tuned_median_s=statistics.median(timing.tuned_s), speedup=timing.speedup,
+    return ModelBenchmark(model=str(source), spec=str(spec), default_median_s=timing.default_median_s,
+                          tuned_median_s=timing.tuned_median_s, speedup=timing.speedup,
                           default_samples_s=timing.default_s, tuned_samples_s=timing.tuned_s,
                           dispatches=len(default), dispatches_changed=changed,
                           tuned_faster_rounds=timing.tuned_faster_rounds, sign_test_p=timing.sign_test_p)

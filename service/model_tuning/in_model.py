@@ -188,7 +188,7 @@ def whole_model_shortfall(timing: ModelTiming, tuned_default_s: float, several: 
     faster inside the model, so the run must be faster by that margin on their share of it: a
     0.5 ms model whose one dispatch measured 1.21x faster in one round ran 0.5% faster whole,
     and 0.97x in `model bench` (docs/benchmarks.md, session 23)."""
-    default_s, tuned_s = statistics.median(timing.default_s), statistics.median(timing.tuned_s)
+    default_s, tuned_s = timing.default_median_s, timing.tuned_median_s
     why = "a tuned dispatch can slow the ones that read its output" if several else "the whole run is what ships"
     if tuned_s >= default_s:
         return (f"the whole model measured no faster with the spec: {tuned_s * 1e3:.3f} ms against IREE's default "

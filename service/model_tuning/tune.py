@@ -608,8 +608,8 @@ def tune_model(model: Path, hardware: HardwareModel, spec_out: Path, *, budget: 
     return ModelTuneReport(model=str(model), hardware=hardware.name, dispatches=reports,
                            spec=str(spec_out) if matchers else None,
                            predicted_total_s=predicted, verified=verify and bool(tuned) and not problems,
-                           iree_default_measured_model_s=statistics.median(measured_model.default_s) if measured_model else None,
-                           measured_model_s=statistics.median(measured_model.tuned_s) if measured_model else None,
+                           iree_default_measured_model_s=measured_model.default_median_s if measured_model else None,
+                           measured_model_s=measured_model.tuned_median_s if measured_model else None,
                            measured_model_rounds=((measured_model.tuned_faster_rounds, len(measured_model.rounds))
                                                   if measured_model else None),
                            elapsed_s=time.perf_counter() - t0, searches=searches,
