@@ -12,6 +12,7 @@ from service.ir.dispatch import dispatches_of
 from service.ir.errors import NotAModelError
 from service.measure.tuning_spec import ContractionDims, ContractionMatcher, contraction_dims, tuning_spec
 from service.measure.tools import ToolFailure
+from service.measure.cache import host_key
 from service.measure import whole_model
 from service.measure.whole_model import (ELIDED_CONSTANT_ELEMENTS, entry_function, executable_sources, input_program,
                                          model_arguments)
@@ -219,9 +220,11 @@ def test_a_spec_has_one_matcher_per_root_and_parses():
     assert "iree_codegen.tuning_spec_entrypoint" in spec
     assert "transform.iree.match.dims_equal %m_dims, [32]" in spec
     # It says how to build with it: single-threaded, or IREE 3.13 can deadlock on a model.
-    first = spec.splitlines()[0]
+    first, second = spec.splitlines()[:2]
     assert first.startswith("// iree-compile") and "--iree-codegen-tuning-spec-path=" in first
     assert "--mlir-disable-threading" in first
+    # ... for the CPU it was tuned on: the configs assume that target (a new user's trial).
+    assert "--iree-llvmcpu-target-cpu=host" in first and second == f"// tuned on {host_key()}"
 
 
 # IREE demotes f64 to f32 by default: a matcher naming f64 never matched (a new user's trial).

@@ -24,6 +24,8 @@ from service.ir.graph import CONVOLUTION_ROLES, ConvolutionDims, OpGraph, Tileab
 from service.ir.plan import Plan
 from service.ir.mlir import context, ir
 
+from .cache import host_key
+from .tools import HOST_COMPILE_FLAGS
 from .lowering import (
     CONVOLUTION_PIPELINE,
     as_iree_compiles,
@@ -233,6 +235,13 @@ def spec_compile_flags(spec: str | Path) -> list[str]:
     return [f"--iree-codegen-tuning-spec-path={spec}", "--mlir-disable-threading"]
 
 
+def _header() -> str:
+    """How to build with the spec: the target flags its configs were chosen and proven under (a
+    config fits the CPU it was tuned on, not another one), then the spec's own flags."""
+    flags = " ".join([*HOST_COMPILE_FLAGS, *spec_compile_flags("THIS_FILE")])
+    return f"// iree-compile MODEL {flags} -o MODEL.vmfb\n// tuned on {host_key()}\n"
+
+
 def tuning_spec(matchers: list[RootMatcher]) -> str:
     """The spec module's text, as MLIR prints it after parsing it, under a comment saying how
     to compile with it."""
@@ -258,6 +267,6 @@ def tuning_spec(matchers: list[RootMatcher]) -> str:
 """
     with context():
         try:
-            return f"// iree-compile ... {' '.join(spec_compile_flags('THIS_FILE'))}\n" + str(ir.Module.parse(text))
+            return _header() + str(ir.Module.parse(text))
         except ir.MLIRError as err:
             raise RuntimeError(f"the tuning spec tilesearch wrote does not parse (a tilesearch bug): {err}\n{text}") from None
