@@ -184,7 +184,6 @@ ZEN3_HOST_CACHES = [
 ZEN3_HOST_CPUINFO = ("processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 1\n"
                      "flags\t\t: fpu sse sse2 avx avx2 fma\n")
 
-
 @contextlib.contextmanager
 def tuning_every_dispatch() -> Iterator[None]:
     """For tests of the whole-model pipeline (spec, proof, numerics, store), not of its caution:
@@ -223,10 +222,12 @@ func.func @f(%a: tensor<{m}x{k}xf32>, %b: {b_t}) -> tensor<{m}x{n}xf32> {{
 MATMUL_100 = matmul_module("kn", 100, 100, 100)
 
 
-def nchw_conv_module(batch: int, c_in: int = 16, c_out: int = 32, size: int = 16, compilation_info: str | None = None) -> str:
-    """A 3x3 `linalg.conv_2d_nchw_fchw` as torch exports it, `compilation_info` forced on it if given."""
-    x, y, w = (f"tensor<{batch}x{c_in}x{size + 2}x{size + 2}xf32>", f"tensor<{batch}x{c_out}x{size}x{size}xf32>",
-               f"tensor<{c_out}x{c_in}x3x3xf32>")
+def nchw_conv_module(batch: int, c_in: int = 16, c_out: int = 32, size: int = 16, compilation_info: str | None = None,
+                     kernel: int = 3) -> str:
+    """A `kernel` x `kernel` (3x3) `linalg.conv_2d_nchw_fchw` as torch exports it, `compilation_info`
+    forced on it if given."""
+    x, y, w = (f"tensor<{batch}x{c_in}x{size + kernel - 1}x{size + kernel - 1}xf32>",
+               f"tensor<{batch}x{c_out}x{size}x{size}xf32>", f"tensor<{c_out}x{c_in}x{kernel}x{kernel}xf32>")
     forced = f"compilation_info = {compilation_info}, " if compilation_info else ""
     return f"""
 func.func @main(%x: {x}, %w: {w}) -> {y} {{

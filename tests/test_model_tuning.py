@@ -251,6 +251,29 @@ def test_a_convolution_is_left_to_iree_saying_why(tmp_path, batch, why):
     assert report.spec is None
 
 
+def test_a_one_by_one_convolution_is_said_to_become_the_contraction_iree_forms_from_it(tmp_path):
+    """A single module's 1x1 convolution gets no spec because IREE computes it as a matmul-like
+    generic, and its reason says so, not that IREE drops a config on a batch-1 convolution (a new
+    user's trial). What IREE forms is read from IREE itself."""
+    from service.ir.analysis import analyze
+    from service.ir.dispatch import dispatches_of
+    from service.measure.lowering import convolution_not_configured
+    from service.measure.whole_model import executable_sources
+
+    reasons = {}
+    for kernel in (1, 3):
+        text = nchw_conv_module(1, c_in=8, c_out=16, kernel=kernel)
+        (conv,) = [op for op in analyze(text).graph.ops.values() if op.kind == "convolution"]
+        reasons[kernel] = convolution_not_configured(conv)
+        model = tmp_path / f"conv{kernel}.mlir"
+        model.write_text(text)
+        formed = {op.kind for d in dispatches_of(executable_sources(model, tmp_path / f"sources{kernel}.mlir")) if d.module
+                  for op in analyze(d.module).graph.ops.values()}
+        assert ("convolution" in formed) == (kernel == 3) and ("contraction" in formed) == (kernel == 1)
+    assert "1x1 filter into a matmul-like linalg.generic" in reasons[1] and "model tune" in reasons[1]
+    assert "drops a config" in reasons[3]
+
+
 def test_a_convolution_matcher_gives_a_batched_convolution_its_config_and_the_same_results(tmp_path):
     """The spec's convolution matcher is applied by IREE (its dumped config is the matcher's) and
     the build computes what IREE's default build does."""

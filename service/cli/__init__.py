@@ -442,7 +442,8 @@ def tune_cmd(
 def _no_spec_needed(path: Path, as_json: bool, why: str | None = None, plan_tiles: bool = False) -> None:
     """No spec: the answer leaves every op to IREE (the best plan tiles nothing, or IREE's
     default was predicted as fast or measured fastest), or (`plan_tiles`) its plan is not one
-    IREE takes as a config (a convolution IREE 3.13 drops a config for, dynamic dims). Either
+    IREE takes as a config (a convolution IREE 3.13 drops a config for or computes as a
+    contraction, dynamic dims). Either
     way IREE compiles with its own configs, so no spec is the right output, not an error, and an
     older file there would be a stale answer."""
     path.unlink(missing_ok=True)

@@ -47,8 +47,24 @@ def iree_configures_convolution(conv: TileableOp) -> bool:
                and conv.loop_ranges[d] != 1 for d in image)
 
 
+# Checked on IREE 3.13 with --compile-to=executable-sources: NCHW and NHWC, batch 1 and 2, strides 1
+# and 2, each 1x1 convolution reached its dispatch as a matmul-like linalg.generic.
+_ONE_BY_ONE_CONVOLUTION = ("IREE rewrites a convolution with a 1x1 filter into a matmul-like linalg.generic before it "
+                           "configures it, so a config given to the convolution reaches nothing; `tilesearch model "
+                           "tune` on this module tunes the op IREE forms")
+
+
+def has_one_by_one_filter(conv: TileableOp) -> bool:
+    """A convolution whose filter window is 1 in every dim: IREE computes it as a contraction."""
+    dims = conv.convolution_dims()
+    return (dims is not None and not dims.is_pooling and bool(dims.filter_loop)
+            and all(conv.loop_ranges[d] == 1 for d in dims.filter_loop))
+
+
 def convolution_not_configured(conv: TileableOp) -> str:
     """Why a convolution keeps IREE's config outside a whole model's measured tuning."""
+    if has_one_by_one_filter(conv):
+        return _ONE_BY_ONE_CONVOLUTION
     return _BATCHED_CONVOLUTION if iree_configures_convolution(conv) else _BATCHLESS_CONVOLUTION
 
 
