@@ -10,7 +10,8 @@
 //     for n in 2688 2704 2720 2736 2752 2768 2784 2800 2816; do /tmp/row_runs 768 $n 150; done
 //                                      # pitches of 168-176 lines: 768 rows in 8, 64, 32, 64, 16, ... L1 sets
 //
-// Figures, and what they mean for the cost model: docs/benchmarks.md, sessions 29 and 30.
+// Figures, and what they mean for the cost model: docs/benchmarks.md, sessions 29-31 (the Intel
+// m167 and the Zen 4 lose by different rules).
 #include <immintrin.h>
 #include <stdio.h>
 #include <stdlib.h>
