@@ -507,3 +507,31 @@ def test_a_distribution_that_tiles_nothing_still_makes_the_next_level_the_regist
     untiled = latency([([0, 0, 0], "forall"), ([1, 14, 0], "for")])
     assert untiled == pytest.approx(latency([([96, 196, 0], "forall"), ([1, 14, 0], "for")]), rel=0.05)
     assert untiled > 3 * latency([([1, 14, 0], "for")])
+
+
+def test_a_gathered_b_tile_loses_its_rows_lines_to_l1_sets(monkeypatch):
+    """B stored [n, k] under a reduction tile of one element: each step reads one element of
+    each of the tile's rows, and a row's line serves the next 15 steps only if it stays in L1.
+    LLaMA-3's k/v projection at one token (B [1024, 4096]: rows 256 lines apart, all in one set)
+    measured 1 x 64 tiles at k = 1 4x slower than 1 x 16 on a Zen 4 (8 ways), and
+    benchmarks/probes/gathered_rows.c read 64 rows in one set 7x slower than spread over every
+    set; the same rule as A's rows prices it (ways / rows per set)."""
+    from service.hardware.cost import registers
+    from _shared import reference_host
+
+    hw = reference_host()  # L1 48 KiB, 12 ways: 64 sets
+
+    def latency(k: int, vec: list[int], red: int) -> float:
+        with context():
+            tagged = tag_tileable_ops(parse_module(matmul_module("nk", m=1, n=1024, k=k)))
+            return estimate_cost(apply_plan(tagged, matmul_plan([1, 64], vec, red)).module, hw).latency_s
+
+    def k1_slowdown(k: int, width: int) -> float:
+        """A 1 x width tile at k = 1 against the same tile at k = 16 (a whole vector of each row)."""
+        return latency(k, [1, width], 1) / latency(k, [1, width], 16)
+
+    one_set, every_set = k1_slowdown(4096, 64), k1_slowdown(4112, 64)  # pitches of 256 and 257 lines
+    assert one_set > 3 * every_set  # 64 rows in 12 ways
+    assert k1_slowdown(4096, 16) < one_set / 3  # 16 rows in 12 ways: 0.75
+    monkeypatch.setattr(registers, "_gathered_rows_efficiency", lambda c, k, hw: 1.0)  # the term off
+    assert k1_slowdown(4096, 64) == pytest.approx(k1_slowdown(4112, 64), rel=0.05)  # it alone told them apart

@@ -54,7 +54,7 @@ _ONE_BY_ONE_CONVOLUTION = ("IREE rewrites a convolution with a 1x1 filter into a
                            "tune` on this module tunes the op IREE forms")
 
 
-def has_one_by_one_filter(conv: TileableOp) -> bool:
+def _has_one_by_one_filter(conv: TileableOp) -> bool:
     """A convolution whose filter window is 1 in every dim: IREE computes it as a contraction."""
     dims = conv.convolution_dims()
     return (dims is not None and not dims.is_pooling and bool(dims.filter_loop)
@@ -63,7 +63,7 @@ def has_one_by_one_filter(conv: TileableOp) -> bool:
 
 def convolution_not_configured(conv: TileableOp) -> str:
     """Why a convolution keeps IREE's config outside a whole model's measured tuning."""
-    if has_one_by_one_filter(conv):
+    if _has_one_by_one_filter(conv):
         return _ONE_BY_ONE_CONVOLUTION
     return _BATCHED_CONVOLUTION if iree_configures_convolution(conv) else _BATCHLESS_CONVOLUTION
 

@@ -367,7 +367,11 @@ class Analyzer:
             if lhs is not None:
                 c.lhs_rows, c.dynamic_rows = self._lhs_rows(*lhs, ranges, out_dims)
             c.rhs_k_contiguous = _rhs_k_contiguous(maps, out_dims, n_inputs=len(operands) - len(op.results))
-            if not c.rhs_k_contiguous:
+            if c.rhs_k_contiguous:
+                rhs = self._rhs_k_input(operands, tensor_maps, out_dims, len(op.results))
+                if rhs is not None:
+                    c.rhs_rows = self._lhs_rows(*rhs, ranges, out_dims)[0]
+            else:
                 c.strided_rhs_elements = self._strided_rhs_elements(operands, tensor_maps, ranges, out_dims, len(op.results))
                 if not c.strided_rhs_elements:
                     self._rhs_row_walk(c, operands, tensor_maps, ranges, out_dims, len(op.results))
@@ -421,6 +425,17 @@ class Analyzer:
                      for p, d in enumerate(dims) if d not in out_dims and whole[p] > 1)
         if rows:
             c.rhs_root, c.rhs_run_bytes, c.rhs_walk_rows = root, ranges[n_dim] * size, rows
+
+    @staticmethod
+    def _rhs_k_input(operands, tensor_maps, out_dims: set[int], n_results: int) -> tuple[ir.Value, list] | None:
+        """B of a contraction stored [n, k] and the iteration dim of each of its dims: the first
+        input indexed by the output's innermost dim whose own innermost dim is a reduction dim."""
+        n_dim = max(out_dims)
+        for v, m in list(zip(operands, tensor_maps))[: max(0, len(operands) - n_results)]:
+            dims = [e.position if isinstance(e, ir.AffineDimExpr) else None for e in m.results]
+            if n_dim in dims and dims and dims[-1] is not None and dims[-1] not in out_dims:
+                return v, dims
+        return None
 
     @staticmethod
     def _rhs_input(operands, tensor_maps, out_dims: set[int], n_results: int) -> tuple[ir.Value, list[int]] | None:

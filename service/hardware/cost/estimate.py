@@ -25,7 +25,7 @@ from .results import Cost, LevelCost, NestCost, kib
 
 # Part of every decision key: a stored decision is served only under the model that chose it.
 # Bump on any change that moves a plan's predicted cost.
-COST_MODEL_VERSION = "cost-model/15"
+COST_MODEL_VERSION = "cost-model/16"
 
 
 # Ops that keep what they read alive: returned values, and values passed to a call (which may

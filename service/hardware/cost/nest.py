@@ -55,6 +55,9 @@ class Compute:
     # B (the input the innermost parallel dim indexes) is contiguous along a reduction dim, as
     # nn.Linear keeps weights [out, in]: its register tile is transposed (cost/registers.py).
     rhs_k_contiguous: bool = False
+    # Rows of that B the register tile reads (extent, byte stride in its whole tensor) per row
+    # dim: with a reduction tile under a vector, each row's line serves several steps.
+    rhs_rows: tuple[tuple[int, int], ...] = ()
     # B's elements per reduction point when B is read through a slice that steps over elements
     # along the output row (a stride-2 convolution's input): no vector load reads them, each is
     # gathered on its own (cost/registers.py); 0 when B's rows are dense.

@@ -74,7 +74,8 @@ def microkernel_efficiency(c: Compute, level: int, hw: HardwareModel, acc_trips:
                 _first_input_vectors_efficiency(c, acc, k, hw))
     rows = hw.compute.register_tile_rows
     tall = min(1.0, rows / m) if rows else 1.0
-    return (spill * b_tile * issue * tall * _set_conflict_efficiency(c, hw) * _masked_row_efficiency(c, m, acc, k, hw)
+    gathered = _gathered_rows_efficiency(c, k, hw) if c.rhs_k_contiguous else 1.0
+    return (spill * b_tile * issue * tall * _set_conflict_efficiency(c, hw) * gathered * _masked_row_efficiency(c, m, acc, k, hw)
             * _narrow_accumulator_efficiency(c, k, hw))
 
 
@@ -254,6 +255,21 @@ def _set_conflict_efficiency(c: Compute, hw: HardwareModel) -> float:
         return 1.0
     sets = max(1, l1.capacity_bytes // (l1.associativity * l1.line_bytes))
     return min(1.0, l1.associativity / _rows_per_set(c.lhs_rows, l1.line_bytes, sets))
+
+
+def _gathered_rows_efficiency(c: Compute, k: int, hw: HardwareModel) -> float:
+    """B stored [n, k] under a reduction tile shorter than a vector: each step reads one element
+    of every row of the tile's B, whose line serves the next steps only if it stays in L1. Rows a
+    power-of-two pitch apart fall in few sets; past the ways, they evict each other, as A's rows
+    do (_set_conflict_efficiency), and the same rule prices it. benchmarks/probes/gathered_rows.c
+    on a Zen 4 (8 ways): 16 and 64 rows in one set read 2.9x and 7x slower than at a pitch that
+    spreads them over every set (the rule: 2x and 8x); LLaMA-3's k/v projection at one token
+    (B [1024, 4096]) with 1 x 16 and 1 x 64 tiles at k = 1 measured the same per element."""
+    l1 = hw.memory_levels[-1]
+    if not c.rhs_rows or k >= compute_lanes(c, hw) or l1.associativity is None or l1.line_bytes is None:
+        return 1.0
+    sets = max(1, l1.capacity_bytes // (l1.associativity * l1.line_bytes))
+    return min(1.0, l1.associativity / _rows_per_set(c.rhs_rows, l1.line_bytes, sets))
 
 
 # What a core's reads of B get of a shared level's bandwidth when a register tile reads one cache
