@@ -15,7 +15,7 @@ from markupsafe import escape
 from typer.testing import CliRunner
 
 from _shared import (MATMUL_100, SHARED, TWO_STACKED_MATMULS, first_input_vectors_matmul, matmul_module,
-                     needs_avx512, workload)
+                     needs_avx512, tuning_every_dispatch, workload)
 
 from service.api.app import create_app
 from service.cli import app
@@ -278,6 +278,24 @@ def test_tune_writes_no_spec_when_irees_default_is_kept_and_says_why(tmp_path):
     assert not spec.exists()
     assert "kept IREE's default: IREE's default predicted as fast" in result.output
     assert "no tuning spec written" in result.output and "(IREE's default predicted as fast" in result.output
+    assert f"removed the older {spec}" in result.output  # it was there before: say it is gone (a new user's trial)
+    # --json says it too: a build script must learn there is no spec, and why, from the JSON alone
+    as_json = CliRunner().invoke(app, ["tune", str(module), "--budget", "4", "--spec-out", str(spec), "--json"])
+    answer = json.loads(as_json.output)
+    assert answer["tuning_spec"] is None and answer["no_tuning_spec"].startswith("IREE's default predicted as fast")
+    with tuning_every_dispatch():
+        tuned = json.loads(CliRunner().invoke(app, ["tune", str(module), "--budget", "4", "--spec-out", str(spec),
+                                                    "--json"]).output)
+    assert tuned["tuning_spec"] == str(spec) and tuned["no_tuning_spec"] is None and spec.exists()
+
+
+def test_tune_sends_an_onnx_model_to_model_tune(tmp_path):
+    """An ONNX file given to `tune` was read as MLIR text ("not valid UTF-8 ... byte 0xbe")."""
+    model = tmp_path / "net.onnx"
+    model.write_bytes(b"\x08\x07\x12\x07pytorch\xbe")
+    result = CliRunner().invoke(app, ["tune", str(model), "--budget", "4"])
+    assert result.exit_code == 2 and "is an ONNX model" in result.output
+    assert f"tilesearch model tune {model}" in result.output
 
 
 def test_tune_refuses_a_spec_for_a_profile_that_is_not_a_cpu(tmp_path):

@@ -224,7 +224,8 @@ def test_a_spec_has_one_matcher_per_root_and_parses():
     assert first.startswith("// iree-compile") and "--iree-codegen-tuning-spec-path=" in first
     assert "--mlir-disable-threading" in first
     # ... for the CPU it was tuned on: the configs assume that target (a new user's trial).
-    assert "--iree-llvmcpu-target-cpu=host" in first and second == f"// tuned on {host_key()}"
+    assert "--iree-llvmcpu-target-cpu=host" in first and second.startswith(f"// tuned on {host_key()}; ")
+    assert "iree-import-onnx MODEL.onnx -o MODEL.mlir" in second  # the command takes MLIR (a new user's trial)
 
 
 # IREE demotes f64 to f32 by default: a matcher naming f64 never matched (a new user's trial).

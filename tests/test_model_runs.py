@@ -152,6 +152,9 @@ def test_model_tune_stores_a_run_that_model_runs_and_model_spec_read_back(store_
     spec = tmp_path / "spec.mlir"
     refused = runner.invoke(app, ["model", "tune", str(MLP), "--spec-out", str(spec), "--budget", "8"])
     assert refused.exit_code == 2 and "the store is not ready" in refused.output and not spec.exists()
+    assert "or pass --no-store" in refused.output
+    unready = runner.invoke(app, ["model", "runs"])  # no --no-store to offer there (a new user's trial)
+    assert unready.exit_code == 2 and "the store is not ready" in unready.output and "--no-store" not in unready.output
     migrate.upgrade(store_env)
     with tuning_every_dispatch():
         tuned = runner.invoke(app, ["model", "tune", str(MLP), "--spec-out", str(spec), "--budget", "256", "--json"])

@@ -358,12 +358,13 @@ def tune_cmd(
     import json
 
     _writable_spec_path(spec_out)
+    older_spec = spec_out is not None and spec_out.exists()
     if server is not None:
         if measure_top:
             typer.echo("error: --measure-top runs IREE on this machine; drop --server", err=True)
             raise typer.Exit(2)
         _tune_via_server(server, token, file, hardware, budget, seconds, strategy, seed, as_json, out, shape_hint, bucket,
-                         spec_out)
+                         spec_out, older_spec)
         return
     if measure_top and bucket:
         typer.echo("error: --measure-top measures one shape: use --shape-hint instead of --bucket", err=True)
@@ -419,13 +420,19 @@ def tune_cmd(
     written = write_outputs(result, source, out) if out else []
     no_spec = None
     if spec_out is not None and not result.plan.get("groups"):
-        _no_spec_needed(spec_out, as_json, (result.iree_default or {}).get("reason"))
+        _no_spec_needed(spec_out, as_json, (result.iree_default or {}).get("reason"), older=older_spec)
     elif spec_out is not None:
         no_spec = _write_spec(source, result.plan, hw, spec_out)
         if no_spec is None:
             written.append(f"{spec_out} (IREE tuning spec)")
     if as_json:
-        typer.echo(json.dumps(result.summary(), indent=2))
+        summary = result.summary()
+        if spec_out is not None:  # what a build script needs to know: is there a spec, and if not, why
+            written_spec = spec_out.exists()
+            summary["tuning_spec"] = str(spec_out) if written_spec else None
+            summary["no_tuning_spec"] = None if written_spec else (no_spec or (result.iree_default or {}).get("reason")
+                                                                    or "the answer keeps IREE's own configs")
+        typer.echo(json.dumps(summary, indent=2))
     else:
         for w in result.warnings:
             typer.echo(f"warning: {w}", err=True)
@@ -434,23 +441,26 @@ def tune_cmd(
         for path in written:
             typer.echo(f"wrote {path}")
     if no_spec is not None:  # after the answer: the search's result is still worth having
-        _no_spec_needed(spec_out, as_json, no_spec, plan_tiles=True)
+        _no_spec_needed(spec_out, as_json, no_spec, plan_tiles=True, older=older_spec)
     if not result.feasible and not as_json:
         raise typer.Exit(3)
 
 
-def _no_spec_needed(path: Path, as_json: bool, why: str | None = None, plan_tiles: bool = False) -> None:
+def _no_spec_needed(path: Path, as_json: bool, why: str | None = None, plan_tiles: bool = False,
+                    older: bool = False) -> None:
     """No spec: the answer leaves every op to IREE (the best plan tiles nothing, or IREE's
     default was predicted as fast or measured fastest), or (`plan_tiles`) its plan is not one
     IREE takes as a config (a convolution IREE 3.13 drops a config for or computes as a
     contraction, dynamic dims). Either
     way IREE compiles with its own configs, so no spec is the right output, not an error, and an
-    older file there would be a stale answer."""
+    older file there would be a stale answer (`older`: one was there before this run; say so)."""
     path.unlink(missing_ok=True)
     if not as_json:
         lead = "the plan cannot be given to IREE as a config" if plan_tiles else "the answer keeps IREE's own configs"
         typer.echo(f"note: no tuning spec written to {path}: {lead}" + (f" ({why})" if why else "")
                    + ("; IREE compiles the module with its own configs" if plan_tiles else ""), err=True)
+        if older:
+            typer.echo(f"removed the older {path}, so that it is not taken for this answer's spec", err=True)
 
 
 def _write_spec(source: str | bytes, plan: dict, hardware, path: Path) -> str | None:
@@ -470,7 +480,7 @@ def _write_spec(source: str | bytes, plan: dict, hardware, path: Path) -> str | 
 
 def _tune_via_server(server: str, token: str | None, file: Path, hardware: str, budget: int, seconds: float | None,
                      strategy: str, seed: int, as_json: bool, out: Path | None, shape_hint: list[str],
-                     bucket: list[str], spec_out: Path | None = None) -> None:
+                     bucket: list[str], spec_out: Path | None = None, older_spec: bool = False) -> None:
     """`tune --server`: the same request through the API (stored decisions are reused there);
     `spec_out` gets the decision's tuning spec."""
     import json
@@ -498,7 +508,7 @@ def _tune_via_server(server: str, token: str | None, file: Path, hardware: str, 
         spec_out.write_text(decision.tuning_spec)
         spec_written = spec_out
     elif spec_out is not None and not (decision.plan or {}).get("groups"):
-        _no_spec_needed(spec_out, as_json, decision.no_tuning_spec)
+        _no_spec_needed(spec_out, as_json, decision.no_tuning_spec, older=older_spec)
     elif spec_out is not None:
         no_spec = decision.no_tuning_spec or "the server's decision configures no contraction IREE takes a config for"
     if as_json:
@@ -506,7 +516,7 @@ def _tune_via_server(server: str, token: str | None, file: Path, hardware: str, 
     else:
         _print_server_decision(server, decision, out, spec_written)
     if no_spec is not None:
-        _no_spec_needed(spec_out, as_json, no_spec, plan_tiles=True)
+        _no_spec_needed(spec_out, as_json, no_spec, plan_tiles=True, older=older_spec)
 
 
 def _print_server_decision(server: str, decision, out: Path | None, spec_written: Path | None) -> None:

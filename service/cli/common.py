@@ -31,6 +31,9 @@ def _read_module(path: Path) -> str | bytes:
     from service.ir.errors import InvalidTextError
     from service.ir.parse import decode_source
 
+    if path.suffix.lower() == ".onnx":
+        raise _ir_failure(f"{path} is an ONNX model; this command takes one MLIR module. "
+                          f"A model is tuned with `tilesearch model tune {path}` (IREE imports ONNX there)")
     try:
         return decode_source(path.read_bytes())
     except InvalidTextError as exc:

@@ -46,7 +46,7 @@ def model_tune_cmd(
         raise typer.Exit(2)
     _writable_spec_path(spec_out)  # before minutes of tuning, not after
     older = spec_out.exists()
-    sessions = _store_sessions() if store else None  # before the search: a store that is not ready costs nothing
+    sessions = _store_sessions(skippable=True) if store else None  # before the search: a store that is not ready costs nothing
     columns = (TextColumn("tuning {task.fields[dispatch]}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, transient=True, disable=as_json or not sys.stderr.isatty()) as bar:
         task = bar.add_task("model", total=None, dispatch="")
@@ -98,22 +98,24 @@ def model_tune_cmd(
                    + (f" (faster in {report.measured_model_rounds[0]} of {report.measured_model_rounds[1]} alternating rounds)"
                       if report.measured_model_rounds else ""))
     if run_id is not None:
-        typer.echo(f"stored as model run {run_id}" + (f" (tilesearch model spec {run_id} -o spec.mlir)" if report.spec else ""))
+        typer.echo(f"stored as model run {run_id}" + (f" (`tilesearch model spec {run_id}` prints its spec again)"
+                                                       if report.spec else ""))
 
 
 def _ms(seconds: float | None) -> str:
     return "-" if seconds is None else f"{seconds * 1e3:.3f}"
 
 
-def _store_sessions():
-    """Sessions on the store of DATABASE_URL, which must be at the migrations' head (exit 2 if not)."""
+def _store_sessions(skippable: bool = False):
+    """Sessions on the store of DATABASE_URL, which must be at the migrations' head (exit 2 if not;
+    `skippable`: the command has --no-store, and the error says so)."""
     from service.store.db import default_engine, default_sessionmaker
     from service.store.migrate import check_ready
 
     ready, why = check_ready(default_engine())
     if not ready:
         hint = "" if "tilesearch db upgrade" in why else ": run `tilesearch db upgrade`"
-        typer.echo(f"error: the store is not ready ({why}){hint}, or pass --no-store", err=True)
+        typer.echo(f"error: the store is not ready ({why}){hint}" + (", or pass --no-store" if skippable else ""), err=True)
         raise typer.Exit(2)
     return default_sessionmaker()
 

@@ -239,7 +239,8 @@ def _header() -> str:
     """How to build with the spec: the target flags its configs were chosen and proven under (a
     config fits the CPU it was tuned on, not another one), then the spec's own flags."""
     flags = " ".join([*HOST_COMPILE_FLAGS, *spec_compile_flags("THIS_FILE")])
-    return f"// iree-compile MODEL {flags} -o MODEL.vmfb\n// tuned on {host_key()}\n"
+    return (f"// iree-compile MODEL.mlir {flags} -o MODEL.vmfb\n"
+            f"// tuned on {host_key()}; an ONNX model is imported first: iree-import-onnx MODEL.onnx -o MODEL.mlir\n")
 
 
 def tuning_spec(matchers: list[RootMatcher]) -> str:
