@@ -365,12 +365,12 @@ class Analyzer:
         if reduction and out_dims:
             lhs = self._lhs_input(operands, tensor_maps, out_dims, len(op.results))
             if lhs is not None:
-                c.lhs_rows, c.dynamic_rows = self._lhs_rows(*lhs, ranges, out_dims)
+                c.lhs_rows, c.dynamic_rows = self._register_tile_rows(*lhs, ranges, out_dims)
             c.rhs_k_contiguous = _rhs_k_contiguous(maps, out_dims, n_inputs=len(operands) - len(op.results))
             if c.rhs_k_contiguous:
                 rhs = self._rhs_k_input(operands, tensor_maps, out_dims, len(op.results))
                 if rhs is not None:
-                    c.rhs_rows = self._lhs_rows(*rhs, ranges, out_dims)[0]
+                    c.rhs_rows = self._register_tile_rows(*rhs, ranges, out_dims)[0]
             else:
                 c.strided_rhs_elements = self._strided_rhs_elements(operands, tensor_maps, ranges, out_dims, len(op.results))
                 if not c.strided_rhs_elements:
@@ -459,10 +459,11 @@ class Analyzer:
                 return v, dims
         return None
 
-    def _lhs_rows(self, v: ir.Value, dims: list, ranges, out_dims: set[int]) -> tuple[tuple[tuple[int, int], ...], bool]:
-        """(extent, byte stride) of each register-tile row dim of A, and whether one of them is
-        dynamic in A's tile type (a tile that does not divide the rows it tiles). Strides are
-        those of the whole tensor the tile is cut from (row-major), where the rows sit in memory."""
+    def _register_tile_rows(self, v: ir.Value, dims: list, ranges, out_dims: set[int]) -> tuple[tuple[tuple[int, int], ...], bool]:
+        """(extent, byte stride) of each of an input's register-tile row dims (the output dims
+        that index it: A's rows, or a B stored [n, k]'s), and whether one of them is dynamic in
+        its tile type (a tile that does not divide the rows it tiles). Strides are those of the
+        whole tensor the tile is cut from (row-major), where the rows sit in memory."""
         shape = self.shape(self.root_tensor(v))
         t = ranked(v)
         if t is None or len(shape) != len(dims):

@@ -250,11 +250,16 @@ def _set_conflict_efficiency(c: Compute, hw: HardwareModel) -> float:
     map to the same few sets of a set-associative L1; with more rows per set than ways, every
     step misses. The model: ways / (most rows in one set), from the innermost level's
     associativity."""
+    return _rows_in_l1_sets_efficiency(c.lhs_rows, hw)
+
+
+def _rows_in_l1_sets_efficiency(rows: tuple[tuple[int, int], ...], hw: HardwareModel) -> float:
+    """ways / (most of these rows, (extent, byte stride) per row dim, in one L1 set), at most 1."""
     l1 = hw.memory_levels[-1]
-    if not c.lhs_rows or l1.associativity is None or l1.line_bytes is None:
+    if not rows or l1.associativity is None or l1.line_bytes is None:
         return 1.0
     sets = max(1, l1.capacity_bytes // (l1.associativity * l1.line_bytes))
-    return min(1.0, l1.associativity / _rows_per_set(c.lhs_rows, l1.line_bytes, sets))
+    return min(1.0, l1.associativity / _rows_per_set(rows, l1.line_bytes, sets))
 
 
 def _gathered_rows_efficiency(c: Compute, k: int, hw: HardwareModel) -> float:
@@ -265,11 +270,7 @@ def _gathered_rows_efficiency(c: Compute, k: int, hw: HardwareModel) -> float:
     on a Zen 4 (8 ways): 16 and 64 rows in one set read 2.9x and 7x slower than at a pitch that
     spreads them over every set (the rule: 2x and 8x); LLaMA-3's k/v projection at one token
     (B [1024, 4096]) with 1 x 16 and 1 x 64 tiles at k = 1 measured the same per element."""
-    l1 = hw.memory_levels[-1]
-    if not c.rhs_rows or k >= compute_lanes(c, hw) or l1.associativity is None or l1.line_bytes is None:
-        return 1.0
-    sets = max(1, l1.capacity_bytes // (l1.associativity * l1.line_bytes))
-    return min(1.0, l1.associativity / _rows_per_set(c.rhs_rows, l1.line_bytes, sets))
+    return 1.0 if k >= compute_lanes(c, hw) else _rows_in_l1_sets_efficiency(c.rhs_rows, hw)
 
 
 # What a core's reads of B get of a shared level's bandwidth when a register tile reads one cache
