@@ -250,6 +250,7 @@ def test_the_spec_of_one_decision_is_applied_by_iree(tmp_path, text):
     with tuning_every_dispatch():  # a spec to check, whether or not the guard would keep IREE's default
         result = CliRunner().invoke(app, ["tune", str(module), "--budget", "12", "--workers", "1", "--spec-out", str(spec)])
     assert result.exit_code == 0, result.output
+    assert "chosen by prediction, not measured; `--measure-top 3`" in result.output  # a new user's trial
     compile_model(module, tmp_path / "m.vmfb", tmp_path / "configs", spec=spec)
     (configured,) = dispatch_configs(tmp_path / "configs").values()
     matmul_config = next(c for name, c in configured.ops if name == "linalg.matmul")
