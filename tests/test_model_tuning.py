@@ -1,5 +1,6 @@
 """Whole-model tuning end to end with the real iree-compile and iree-run-module."""
 
+import json
 import os
 import re
 import subprocess
@@ -95,6 +96,12 @@ def test_bench_counts_the_dispatches_a_spec_changed_and_refuses_a_spec_that_chan
     assert len(re.findall(r"middle half \d+\.\d+-\d+\.\d+ ms", run.output)) == 2
     faster = re.search(r"the spec's build was faster in (\d) of 2 rounds \(sign test p = (\d\.\d\d)", run.output)
     assert faster and {"0": "1.00", "1": "0.75", "2": "0.25"}[faster[1]] == faster[2], run.output
+    # --json carries the same reading: each build's middle half and whether they overlap.
+    run = CliRunner().invoke(app, ["model", "bench", str(MLP), "--spec", report.spec, "--rounds", "2", "--json"])
+    read = json.loads(run.stdout)
+    (d_lo, d_hi), (t_lo, t_hi) = read["default_middle_half_s"], read["tuned_middle_half_s"]
+    assert d_lo <= read["default_median_s"] <= d_hi and t_lo <= read["tuned_median_s"] <= t_hi
+    assert read["within_noise"] == (d_lo <= t_hi and t_lo <= d_hi)
     # A spec IREE cannot read is named as the culprit, not the model.
     broken = tmp_path / "broken.mlir"
     broken.write_text("this is not a spec")

@@ -187,8 +187,13 @@ def model_bench_cmd(
         result = bench_model(file, spec, rounds=rounds, function=function)
     except (ModelInputError, ToolFailure) as exc:
         raise _ir_failure(exc) from None
-    if as_json:
-        typer.echo(result.model_dump_json(indent=2))
+    if as_json:  # the text's reading too: each build's middle half, and whether they overlap
+        import json
+
+        typer.echo(json.dumps(result.model_dump(mode="json") | {
+            "default_middle_half_s": list(_middle_half(result.default_samples_s)),
+            "tuned_middle_half_s": list(_middle_half(result.tuned_samples_s)),
+            "within_noise": _overlap(result.default_samples_s, result.tuned_samples_s)}, indent=2))
         return
     default_q, tuned_q = _middle_half_ms(result.default_samples_s), _middle_half_ms(result.tuned_samples_s)
     typer.echo(f"{file.name}{f' @{function}' if function else ''}: IREE default {result.default_median_s * 1e3:.3f} ms "
