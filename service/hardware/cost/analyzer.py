@@ -366,11 +366,10 @@ class Analyzer:
             lhs = self._lhs_input(operands, tensor_maps, out_dims, len(op.results))
             if lhs is not None:
                 c.lhs_rows, c.dynamic_rows = self._register_tile_rows(*lhs, ranges, out_dims)
-            c.rhs_k_contiguous = _rhs_k_contiguous(maps, out_dims, n_inputs=len(operands) - len(op.results))
-            if c.rhs_k_contiguous:
-                rhs = self._rhs_k_input(operands, tensor_maps, out_dims, len(op.results))
-                if rhs is not None:
-                    c.rhs_rows = self._register_tile_rows(*rhs, ranges, out_dims)[0]
+            rhs_k = _rhs_k_input(operands, tensor_maps, out_dims, len(op.results))
+            c.rhs_k_contiguous = rhs_k is not None
+            if rhs_k is not None:
+                c.rhs_rows = self._register_tile_rows(*rhs_k, ranges, out_dims)[0]
             else:
                 c.strided_rhs_elements = self._strided_rhs_elements(operands, tensor_maps, ranges, out_dims, len(op.results))
                 if not c.strided_rhs_elements:
@@ -425,17 +424,6 @@ class Analyzer:
                      for p, d in enumerate(dims) if d not in out_dims and whole[p] > 1)
         if rows:
             c.rhs_root, c.rhs_run_bytes, c.rhs_walk_rows = root, ranges[n_dim] * size, rows
-
-    @staticmethod
-    def _rhs_k_input(operands, tensor_maps, out_dims: set[int], n_results: int) -> tuple[ir.Value, list] | None:
-        """B of a contraction stored [n, k] and the iteration dim of each of its dims: the first
-        input indexed by the output's innermost dim whose own innermost dim is a reduction dim."""
-        n_dim = max(out_dims)
-        for v, m in list(zip(operands, tensor_maps))[: max(0, len(operands) - n_results)]:
-            dims = [e.position if isinstance(e, ir.AffineDimExpr) else None for e in m.results]
-            if n_dim in dims and dims and dims[-1] is not None and dims[-1] not in out_dims:
-                return v, dims
-        return None
 
     @staticmethod
     def _rhs_input(operands, tensor_maps, out_dims: set[int], n_results: int) -> tuple[ir.Value, list[int]] | None:
@@ -537,16 +525,18 @@ class Analyzer:
         )
 
 
-def _rhs_k_contiguous(maps, out_dims: set[int], n_inputs: int) -> bool:
-    """Whether the input indexed by the output's innermost dim (B) has a reduction dim innermost."""
-    last = maps[-1].results[-1] if maps and len(maps[-1].results) else None
+def _rhs_k_input(operands, tensor_maps, out_dims: set[int], n_results: int) -> tuple[ir.Value, list[int]] | None:
+    """B stored [n, k] (as nn.Linear keeps weights) and the iteration dim of each of its dims: the
+    first input indexed by plain dims, among them the output's innermost, with a reduction dim
+    innermost; None when no input is."""
+    last = tensor_maps[-1].results[-1] if tensor_maps and len(tensor_maps[-1].results) else None
     if not isinstance(last, ir.AffineDimExpr):
-        return False
-    for m in maps[:n_inputs]:
+        return None
+    for v, m in list(zip(operands, tensor_maps))[: max(0, len(operands) - n_results)]:
         dims = [e.position for e in m.results if isinstance(e, ir.AffineDimExpr)]
         if last.position in dims and dims[-1] not in out_dims and len(dims) == len(list(m.results)):
-            return True
-    return False
+            return v, dims
+    return None
 
 
 def _normalize_hints(hints: dict[str, object]) -> dict[str, list[int]]:

@@ -74,8 +74,8 @@ def microkernel_efficiency(c: Compute, level: int, hw: HardwareModel, acc_trips:
                 _first_input_vectors_efficiency(c, acc, k, hw))
     rows = hw.compute.register_tile_rows
     tall = min(1.0, rows / m) if rows else 1.0
-    gathered = _gathered_rows_efficiency(c, k, hw) if c.rhs_k_contiguous else 1.0
-    return (spill * b_tile * issue * tall * _set_conflict_efficiency(c, hw) * gathered * _masked_row_efficiency(c, m, acc, k, hw)
+    return (spill * b_tile * issue * tall * _set_conflict_efficiency(c, hw) * _gathered_rows_efficiency(c, k, hw)
+            * _masked_row_efficiency(c, m, acc, k, hw)
             * _narrow_accumulator_efficiency(c, k, hw))
 
 
@@ -297,8 +297,7 @@ def narrow_walk_efficiency(c: Compute, hw: HardwareModel) -> float:
     if (not c.rhs_walk_rows or l1.associativity is None or l1.line_bytes is None
             or c.rhs_run_bytes > l1.line_bytes):
         return 1.0
-    sets = max(1, l1.capacity_bytes // (l1.associativity * l1.line_bytes))
-    survived = min(1.0, l1.associativity / _rows_per_set(c.rhs_walk_rows, l1.line_bytes, sets)) ** 2
+    survived = _rows_in_l1_sets_efficiency(c.rhs_walk_rows, hw) ** 2
     return _NARROW_WALK_EFFICIENCY + (1.0 - _NARROW_WALK_EFFICIENCY) * survived
 
 
