@@ -23,6 +23,7 @@ from pydantic import BaseModel, Field
 
 from .forcing import ForcedModule, NotMeasurable, default_module, force_plan, write_inputs
 from .lowering import LoweringConfig, lowering_config_of, lowering_config_text
+from .rounds import round_order
 from .tools import (
     BENCH_DEVICE,
     DISPATCH_REPEAT,
@@ -132,14 +133,16 @@ def _compile(prepared: ForcedModule, workdir: Path, tag: str, settings: BenchSet
 def _time_rounds(
     compiled: Sequence[_Compiled], input_flags: Sequence[str], settings: BenchSettings, rounds: int
 ) -> list[Measurement]:
-    """Time each compiled module; with rounds > 1 they alternate (A B A B ...), so a load burst
-    from other processes on this shared machine hits all of them alike."""
+    """Time each compiled module; with rounds > 1 they alternate, so a load burst from other
+    processes on this shared machine hits all of them alike, each in every position of a round
+    equally often (`round_order`)."""
     samples: list[list[float]] = [[] for _ in compiled]
     cpu_samples: list[list[float]] = [[] for _ in compiled]
     errors: list[str | None] = [c.failure.error if c.failure else None for c in compiled]
     reps_per_round = max(1, settings.repetitions // rounds)
-    for _ in range(rounds):
-        for i, c in enumerate(compiled):
+    for r in range(rounds):
+        for i in round_order(len(compiled), r):
+            c = compiled[i]
             if errors[i] is not None:
                 continue
             try:

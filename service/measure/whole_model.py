@@ -18,6 +18,7 @@ from service.ir.graph import walk_ops
 from service.ir.mlir import context, ir
 
 from .forcing import ArgumentSpec, write_inputs
+from .rounds import round_order
 from .tools import BENCH_DEVICE, HOST_COMPILE_FLAGS, ToolFailure, benchmark_module, run_tool
 from .tuning_spec import spec_compile_flags
 
@@ -193,16 +194,18 @@ class ModelTiming:
 
 def time_models(default_vmfb: Path, tuned_vmfb: Path, input_flags: list[str], *, function: str = "main",
                 rounds: int = 5, repetitions: int = 3, min_time_s: float = 0.2, timeout_s: float = 300.0) -> ModelTiming:
-    """Wall time per call of both builds, in alternating rounds (A B A B ...) so that load from
-    other processes hits both alike."""
+    """Wall time per call of both builds, in rounds timing both back to back so that load from
+    other processes hits both alike, each first in every other round (`round_order`)."""
     timing = ModelTiming()
-    for _ in range(rounds):
-        medians = []
-        for vmfb, samples in ((default_vmfb, timing.default_s), (tuned_vmfb, timing.tuned_s)):
+    builds = ((default_vmfb, timing.default_s), (tuned_vmfb, timing.tuned_s))
+    for r in range(rounds):
+        medians = [0.0, 0.0]
+        for i in round_order(2, r):
+            vmfb, samples = builds[i]
             got = benchmark_module(vmfb, function, input_flags, repetitions=repetitions,
                                    min_time_s=min_time_s, timeout_s=timeout_s)
             samples.extend(got.real_s)
-            medians.append(statistics.median(got.real_s))
+            medians[i] = statistics.median(got.real_s)
         timing.rounds.append((medians[0], medians[1]))
     return timing
 

@@ -8,7 +8,7 @@ it differently alone, and its inputs stay hot in cache), so the plans are timed 
 - A build IREE refuses is split in halves until the plan it refuses is alone (that plan's error).
 - A plan counts only if IREE's configuration dump shows its root compiled with it.
 - The builds and IREE's default build are profiled in alternating rounds, so load from other
-  processes hits them alike. A root's time is the wall time of its dispatches per model run
+  processes hits them alike, each first in its turn (`round_order`). A root's time is the wall time of its dispatches per model run
   (calls x the fastest call of a profile, see dispatch_profile.py), summed over the dispatches
   its matcher applies to; the median over rounds is what the guard compares.
 - Each build is also timed whole (all dispatches per run): a root's tiling changes the
@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from service.measure.dispatch_profile import DispatchTime, profile_dispatches
+from service.measure.rounds import round_order
 from service.measure.tools import ToolFailure
 from service.measure.tuning_spec import RootMatcher, tuning_spec
 from service.measure.whole_model import ModelTiming, canonical_attribute, compile_model, dispatch_configs, time_models
@@ -115,16 +116,19 @@ def time_in_model(model: Path, roots: Sequence[RootUnderTest], default_vmfb: Pat
         out[r].errors[p] = error
     whole = InModelTimes(out, [(b.members, []) for b in builds], [])
     first = [next(iter(r.dispatches)) for r in roots]
-    for _ in range(rounds if builds else 0):
-        default = profile_dispatches(default_vmfb, function, input_flags, iterations=iterations)
+    vmfbs = [default_vmfb, *(b.vmfb for b in builds)]
+    for round_index in range(rounds if builds else 0):
+        profiled: list[dict[str, DispatchTime]] = [{} for _ in vmfbs]
+        for i in round_order(len(vmfbs), round_index):
+            profiled[i] = profile_dispatches(vmfbs[i], function, input_flags, iterations=iterations)
+        default, *planned = profiled
         whole.default_s.append(total_per_run(default, calls))
         for r, root in enumerate(roots):
             seconds = _per_run(root, default)
             if seconds is not None:
                 out[r].default_s.append(seconds)
                 out[r].default_per_call.append(default[first[r]])
-        for build, (_, totals) in zip(builds, whole.builds):
-            times = profile_dispatches(build.vmfb, function, input_flags, iterations=iterations)
+        for build, (_, totals), times in zip(builds, whole.builds, planned):
             totals.append(total_per_run(times, calls))
             for r, p in build.members:
                 seconds = _per_run(roots[r], times)
