@@ -22,7 +22,7 @@ from service.hardware.profiles import get_profile
 from service.model_tuning import tune_model
 from service.model_tuning.runs import model_fingerprint, store_model_run, stored_run, stored_runs
 from service.store import decisions, migrate, model_runs, searches
-from service.store.db import session_scope
+from service.store.db import make_engine, make_sessionmaker, session_scope
 from service.store.models import Decision, DecisionStatus, ModelRun, ModelRunDecision
 from service.tiling.request import TilingRequest
 
@@ -153,6 +153,7 @@ def test_model_tune_stores_a_run_that_model_runs_and_model_spec_read_back(store_
     refused = runner.invoke(app, ["model", "tune", str(MLP), "--spec-out", str(spec), "--budget", "8"])
     assert refused.exit_code == 2 and "the store is not ready" in refused.output and not spec.exists()
     assert "or pass --no-store" in refused.output
+    assert not (tmp_path / "cli.db").exists()  # the check created no empty database (a new user's trial)
     unready = runner.invoke(app, ["model", "runs"])  # no --no-store to offer there (a new user's trial)
     assert unready.exit_code == 2 and "the store is not ready" in unready.output and "--no-store" not in unready.output
     migrate.upgrade(store_env)
@@ -176,3 +177,11 @@ def test_model_tune_stores_a_run_that_model_runs_and_model_spec_read_back(store_
                                    "--json"])
     assert unstored.exit_code == 0 and json.loads(unstored.stdout)["run_id"] is None
     assert len(json.loads(runner.invoke(app, ["model", "runs", "--json"]).stdout)) == 1
+    # A run that tuned nothing: no spec is its answer, as `job spec` says it; a file there is stale.
+    with session_scope(make_sessionmaker(make_engine(store_env))) as session:
+        untuned = _run(session, spec=None).id
+    stale = tmp_path / "stale.mlir"
+    stale.write_text("module {}\n")
+    none = runner.invoke(app, ["model", "spec", str(untuned), "-o", str(stale)])
+    assert none.exit_code == 0 and not stale.exists(), none.output
+    assert f"note: no tuning spec written to {stale}: model run {untuned} tuned no dispatch" in none.output

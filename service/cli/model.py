@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from .common import _ir_failure, _positive_seconds, _writable_spec_path
+from .common import _ir_failure, _positive_seconds, _ready_store, _writable_spec_path
 
 model_app = typer.Typer(help="Whole models: IREE's dispatches in, one tuning spec out.", no_args_is_help=True)
 
@@ -109,15 +109,12 @@ def _ms(seconds: float | None) -> str:
 def _store_sessions(skippable: bool = False):
     """Sessions on the store of DATABASE_URL, which must be at the migrations' head (exit 2 if not;
     `skippable`: the command has --no-store, and the error says so)."""
-    from service.store.db import default_engine, default_sessionmaker
-    from service.store.migrate import check_ready
-
-    ready, why = check_ready(default_engine())
-    if not ready:
+    sessions, why = _ready_store()  # leaves no empty SQLite file where there was none
+    if sessions is None:
         hint = "" if "tilesearch db upgrade" in why else ": run `tilesearch db upgrade`"
         typer.echo(f"error: the store is not ready ({why}){hint}" + (", or pass --no-store" if skippable else ""), err=True)
         raise typer.Exit(2)
-    return default_sessionmaker()
+    return sessions
 
 
 @model_app.command("runs")
@@ -162,8 +159,13 @@ def model_spec_cmd(
         typer.echo(f"error: no model run {run_id}", err=True)
         raise typer.Exit(2)
     if spec is None:
-        typer.echo(f"error: model run {run_id} tuned no dispatch: it has no spec", err=True)
-        raise typer.Exit(1)
+        # Every dispatch is left to IREE: no spec is the answer (as `job spec` says it), and an
+        # older file at --out is stale.
+        if out is not None:
+            out.unlink(missing_ok=True)
+        typer.echo(f"note: no tuning spec{f' written to {out}' if out else ''}: model run {run_id} tuned no dispatch, "
+                   "every one is left to IREE's own config", err=True)
+        return
     if out is None:
         typer.echo(spec, nl=False)
         return
