@@ -420,7 +420,7 @@ def tune_cmd(
     written = write_outputs(result, source, out) if out else []
     no_spec = None
     if spec_out is not None and not result.plan.get("groups"):
-        _no_spec_needed(spec_out, as_json, (result.iree_default or {}).get("reason"), older=older_spec)
+        _no_spec_written(spec_out, as_json, (result.iree_default or {}).get("reason"), older=older_spec)
     elif spec_out is not None:
         no_spec = _write_spec(source, result.plan, hw, spec_out)
         if no_spec is None:
@@ -444,12 +444,12 @@ def tune_cmd(
             typer.echo("note: the spec's configs were chosen by prediction, not measured; `--measure-top 3` times "
                        "the plans predicted fastest against IREE's default on this CPU before answering", err=True)
     if no_spec is not None:  # after the answer: the search's result is still worth having
-        _no_spec_needed(spec_out, as_json, no_spec, plan_tiles=True, older=older_spec)
+        _no_spec_written(spec_out, as_json, no_spec, plan_tiles=True, older=older_spec)
     if not result.feasible and not as_json:
         raise typer.Exit(3)
 
 
-def _no_spec_needed(path: Path, as_json: bool, why: str | None = None, plan_tiles: bool = False,
+def _no_spec_written(path: Path, as_json: bool, why: str | None = None, plan_tiles: bool = False,
                     older: bool = False) -> None:
     """No spec: the answer leaves every op to IREE (the best plan tiles nothing, or IREE's
     default was predicted as fast or measured fastest), or (`plan_tiles`) its plan is not one
@@ -511,7 +511,7 @@ def _tune_via_server(server: str, token: str | None, file: Path, hardware: str, 
         spec_out.write_text(decision.tuning_spec)
         spec_written = spec_out
     elif spec_out is not None and not (decision.plan or {}).get("groups"):
-        _no_spec_needed(spec_out, as_json, decision.no_tuning_spec, older=older_spec)
+        _no_spec_written(spec_out, as_json, decision.no_tuning_spec, older=older_spec)
     elif spec_out is not None:
         no_spec = decision.no_tuning_spec or "the server's decision configures no contraction IREE takes a config for"
     if as_json:
@@ -519,7 +519,7 @@ def _tune_via_server(server: str, token: str | None, file: Path, hardware: str, 
     else:
         _print_server_decision(server, decision, out, spec_written)
     if no_spec is not None:
-        _no_spec_needed(spec_out, as_json, no_spec, plan_tiles=True, older=older_spec)
+        _no_spec_written(spec_out, as_json, no_spec, plan_tiles=True, older=older_spec)
 
 
 def _print_server_decision(server: str, decision, out: Path | None, spec_written: Path | None) -> None:
