@@ -24,6 +24,7 @@ from service.hardware.model import HardwareModel
 
 from service.hardware.profiles import get_profile
 from service.ir.analysis import analyze
+from service.ir.plan import Plan
 from service.measure.lowering import (
     LoweringConfig,
     levels_from_lowering_config,
@@ -308,3 +309,29 @@ def test_tune_refuses_a_spec_for_a_profile_that_is_not_a_cpu(tmp_path):
     assert not spec.exists()
     plan_only = CliRunner().invoke(app, ["tune", str(module), "--hardware", "gpu-h100", "--budget", "4", "--json"])
     assert plan_only.exit_code == 0 and json.loads(plan_only.output)["plan"]["groups"]
+
+
+def test_a_plan_iree_cannot_take_as_a_config_is_never_the_answer(tmp_path):
+    """A prime-sized matmul, where IREE's own register tile is 1x1 and the super-tiling baseline's
+    one memory level was predicted 17x faster: given to IREE, its zero vector tiles made a
+    97x26x103 tile one vector, and iree-compile refused the spec (a new user's trial). On a CPU
+    the baseline is a yardstick, not an answer; the answer's spec compiles."""
+    from service.measure.lowering import leaves_no_vector_tile
+    from service.measure.whole_model import compile_model
+    from service.search.space import ShapeContext
+    from service.search.strategies import supertiling_plan
+    from service.tiling.worker import iree_configs
+
+    module = tmp_path / "prime.mlir"
+    module.write_text(matmul_module("kn", m=97, n=101, k=103))
+    graph = analyze(module.read_text()).graph
+    baseline, _ = supertiling_plan(graph, get_profile("host-cpu"), ShapeContext(hints={}))
+    assert leaves_no_vector_tile(graph, baseline)  # what made the broken spec
+    result = guard.tune_from_iree_default(module.read_text(), get_profile("host-cpu"), budget=64, seed=0, workers=0)
+    assert result.baseline["latency_s"] < result.predicted["latency_s"]  # the model still prices it fastest
+    answer = Plan.model_validate(result.plan)
+    assert not leaves_no_vector_tile(graph, answer)
+    spec = iree_configs(graph, answer, get_profile("host-cpu"))["tuning_spec"]
+    if spec is not None:  # a tiled answer: IREE compiles the module with it
+        (tmp_path / "spec.mlir").write_text(spec)
+        compile_model(module, tmp_path / "m.vmfb", tmp_path / "configs", spec=tmp_path / "spec.mlir")

@@ -12,8 +12,9 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from service.ir.graph import TileableOp
+from service.ir.graph import OpGraph, TileableOp
 from service.ir.mlir import context, ir
+from service.ir.plan import Plan
 
 PARALLEL = "parallel"
 REDUCTION = "reduction"
@@ -90,6 +91,18 @@ class LoweringConfig(BaseModel):
 def _level_sizes(level: Any) -> list[int]:
     sizes = level["tile_sizes"] if isinstance(level, Mapping) else level.tile_sizes
     return [int(s) for s in sizes]
+
+
+def leaves_no_vector_tile(graph: OpGraph, plan: Plan) -> bool:
+    """Whether the plan, given to IREE as CPU configs, leaves an op IREE takes a config on
+    without a vector tile (one memory level, or both vector levels untiled). A lowering_config has
+    no "the compiler chooses": zero vector tiles make the whole distribution tile one vector, which
+    IREE refuses past its size limit (a 97x26x103 one) or runs element-wise slow below it. The
+    cost model prices such a plan's register tile as ideal (the super-tiling view), so it is a
+    yardstick there, never an answer."""
+    return any(graph.op(group.anchor).kind in CONFIGURABLE_KINDS
+               and not any(any(_level_sizes(level)) for level in group.levels[1:3])
+               for group in plan.groups)
 
 
 def lowering_config_from_levels(

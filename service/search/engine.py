@@ -20,6 +20,7 @@ from service.ir.graph import OpGraph
 from service.ir.hints import hint_for
 from service.ir.plan import Plan
 from service.ir.transform import check_plan
+from service.measure.lowering import leaves_no_vector_tile
 
 from .candidate import Candidate, Evaluation, is_better
 from .evaluator import Evaluator, GroupScope, PlanEvaluator
@@ -198,9 +199,14 @@ class _Search:
         st_cand = SuperTilingStrategy(st_plan).suggest()
         untiled_cand = Candidate(params={}, source="untiled", plan=Plan())
         baseline_ev, untiled_ev = self.evaluator.evaluate([(st_cand, st_plan), (untiled_cand, Plan())])
-        # Both leave the register tile to IREE, which the cost model prices as ideal: not an answer
-        # where IREE's own is known slow (GroupSpec.needs_register_tile).
-        self.record([baseline_ev, untiled_ev], eligible=not any(g.needs_register_tile for g in self.space.groups))
+        # Both leave the register tile to the compiler, which the cost model prices as ideal: not an
+        # answer where IREE's own is known slow (GroupSpec.needs_register_tile).
+        ideal_register_tile_ok = not any(g.needs_register_tile for g in self.space.groups)
+        self.record([untiled_ev], eligible=ideal_register_tile_ok)  # untiled, IREE keeps its own configs
+        # On a CPU the answer is IREE configs, in which the baseline's memory level alone is no
+        # answer (leaves_no_vector_tile).
+        iree_takes_it = not (self.hardware.is_cpu and leaves_no_vector_tile(self.graph, st_plan))
+        self.record([baseline_ev], eligible=ideal_register_tile_ok and iree_takes_it)
         if baseline_ev.stage != "cost":
             self.warnings.append(f"the super-tiling baseline could not be applied: {baseline_ev.reason}")
         return baseline_ev, untiled_ev

@@ -28,7 +28,7 @@ from service.ir.analysis import cached_analysis
 from service.ir.graph import OpGraph, TileableOp
 from service.ir.plan import Plan
 from service.measure.calibration_plans import dispatch_members
-from service.measure.lowering import levels_from_lowering_config, lowering_config_of
+from service.measure.lowering import leaves_no_vector_tile, levels_from_lowering_config, lowering_config_of
 from service.measure.timing import iree_default_configs
 from service.measure.tools import ToolFailure
 
@@ -153,15 +153,16 @@ def iree_default_of(source: str | bytes, *, in_process: bool = False) -> IreeDef
     return IreeDefault(anchor=root.uid, config=text, plan=plan)
 
 
-def _tiled_pick(result: TuneResult) -> Evaluation | None:
+def _tiled_pick(result: TuneResult, graph: OpGraph) -> Evaluation | None:
     """What the guard judges: the search's answer when it tiles, else its fastest feasible tiled
-    trial. An untiled contraction is compiled with IREE's own config, whatever the model prices
-    an untiled loop nest at, so the untiled plan is no rival to IREE's default."""
+    trial that IREE can take as configs (`leaves_no_vector_tile`). An untiled contraction is
+    compiled with IREE's own config, whatever the model prices an untiled loop nest at, so the
+    untiled plan is no rival to IREE's default."""
     if result.feasible and result.plan.get("groups"):
         return Evaluation(plan=result.plan, plan_hash=result.plan_hash, feasible=True,
                           latency_s=result.predicted.get("latency_s"), cost=result.predicted)
     tiled = [t for t in result.trials if t.stage == "cost" and t.feasible and t.latency_s is not None
-             and t.plan and t.plan.get("groups")]
+             and t.plan and t.plan.get("groups") and not leaves_no_vector_tile(graph, Plan.model_validate(t.plan))]
     return min(tiled, key=lambda t: t.latency_s, default=None)
 
 
@@ -169,7 +170,7 @@ def guarded(source: str | bytes, result: TuneResult, hardware: HardwareModel, de
     """The search's tiled pick (`_tiled_pick`), or IREE's own config (the untiled plan: no spec,
     IREE configures the op) when the pick is not predicted faster than IREE's default by
     engine.KEEP_START_MARGIN. `iree_default` records the default's predicted cost and which answered."""
-    pick = _tiled_pick(result)
+    pick = _tiled_pick(result, cached_analysis(source).graph)
     # One pricing for both: IREE's default, and a pick taken from the trials (the search answered
     # untiled) for its full breakdown, as the engine re-costs the plan it answers.
     repriced = pick is not None and pick.plan_hash != result.plan_hash
