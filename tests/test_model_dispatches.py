@@ -69,6 +69,42 @@ def test_a_repeated_layer_is_one_dispatch_run_twice(tmp_path):
     assert "iree_tensor_ext" not in d.module and "hal." not in d.module
 
 
+# A recurrent step: the matmul reads the loop's carried state, so it runs once a trip.
+RECURRENT = """
+func.func @main(%h0: tensor<1x256xf32>, %w: tensor<256x256xf32>) -> tensor<1x256xf32> {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %c12 = arith.constant 12 : index
+  %z = arith.constant 0.0 : f32
+  %e = tensor.empty() : tensor<1x256xf32>
+  %h = scf.for %i = %c0 to %c12 step %c1 iter_args(%s = %h0) -> tensor<1x256xf32> {
+    %f = linalg.fill ins(%z : f32) outs(%e : tensor<1x256xf32>) -> tensor<1x256xf32>
+    %m = linalg.matmul ins(%s, %w : tensor<1x256xf32>, tensor<256x256xf32>) outs(%f : tensor<1x256xf32>) -> tensor<1x256xf32>
+    scf.yield %m : tensor<1x256xf32>
+  }
+  return %h : tensor<1x256xf32>
+}"""
+
+
+@pytest.mark.slow
+def test_a_dispatch_in_a_loop_weighs_its_trips(tmp_path):
+    """IREE's host program lowers a model's loops to branches, where a GRU's per-step matmuls
+    counted once (a new user's trial): the flow-level program of the same compile gives the trips."""
+    model = tmp_path / "model.mlir"
+    model.write_text(RECURRENT)
+    sources = executable_sources(model, tmp_path / "sources.mlir", flow_out=tmp_path / "flow.mlir")
+    (alone,) = dispatches_of(sources)
+    assert alone.weight == 1  # one dispatch site
+    (looped,) = dispatches_of(sources, (tmp_path / "flow.mlir").read_text())
+    assert looped.weight == 12 and looped.entry == alone.entry and looped.reason is None
+    assert not list(tmp_path.glob("*.phases"))  # IREE's other phases are not left behind
+    # and a model's tuning weighs it so (its budget share, its summed prediction per model run)
+    from service.hardware.profiles import get_profile
+    from service.model_tuning import tune_model
+    report = tune_model(model, get_profile("host-cpu"), tmp_path / "spec.mlir", budget=16, verify=False)
+    assert [d.weight for d in report.dispatches] == [12]
+
+
 @pytest.mark.slow
 def test_a_shared_model_gives_every_dispatch_as_a_module_of_its_own(tmp_path):
     dispatches = dispatches_of(executable_sources(MODELS / "gpt2_block_s64.linalg.mlir", tmp_path / "s.mlir"))

@@ -1,7 +1,8 @@
 """IREE's dispatches of a whole model, each as a plain module over tensors that the search takes.
 
 Input: what `iree-compile --compile-to=executable-sources` prints for the model: the host
-program (its `stream.cmd.dispatch` ops say which dispatch runs how often) and one
+program (its `stream.cmd.dispatch` ops say which dispatch runs how often, with the model's
+`--compile-to=flow` program for the trips of loops around them) and one
 `hal.executable` per unique dispatch, whose function reads its operands through
 `iree_tensor_ext.dispatch.tensor.load` and writes through `...tensor.store`. Each dispatch
 function is cloned into a module of its own and rewritten, with the bindings, into
@@ -60,6 +61,44 @@ def dispatch_counts(program: ir.Module) -> Counter[str]:
 
     program.operation.walk(visit)
     return counts
+
+
+def _static_trip_count(loop: ir.Operation) -> int | None:
+    """An scf.for's trips when its bounds and step are constants, else None."""
+    bounds = []
+    for value in list(loop.operands)[:3]:
+        owner = value.owner
+        if not isinstance(owner, ir.Operation) and hasattr(owner, "operation"):
+            owner = owner.operation
+        if not isinstance(owner, ir.Operation) or owner.name != "arith.constant":
+            return None
+        bounds.append(ir.IntegerAttr(owner.attributes["value"]).value)
+    lower, upper, step = bounds
+    return max(0, -(-(upper - lower) // step)) if step > 0 else None
+
+
+def loop_dispatch_counts(flow_program: ir.Module) -> tuple[Counter[str], Counter[str]]:
+    """Per `@executable::@entry` of a flow-level program (`--compile-to=flow`, where a model's
+    loops are still scf.for: a GRU's time steps): its dispatch sites, and its runs per model run,
+    each site counted once per trip of the loops around it (once for a loop whose trip count is
+    not a constant)."""
+    sites: Counter[str] = Counter()
+    runs: Counter[str] = Counter()
+
+    def visit(op: ir.Operation) -> ir.WalkResult:
+        if op.name == "flow.dispatch":
+            trips, parent = 1, op.parent
+            while parent is not None and parent.name != "builtin.module":
+                if parent.name == "scf.for":
+                    trips *= _static_trip_count(parent) or 1
+                parent = parent.parent
+            for entry in ir.ArrayAttr(op.attributes["entry_points"]):
+                sites[str(ir.SymbolRefAttr(entry))] += 1
+                runs[str(ir.SymbolRefAttr(entry))] += trips
+        return ir.WalkResult.ADVANCE
+
+    flow_program.operation.walk(visit)
+    return sites, runs
 
 
 def _dispatch_function(executable: ir.Operation) -> ir.Operation | None:
@@ -158,11 +197,16 @@ def as_tensor_function(dispatch_function: ir.Operation) -> tuple[ir.Module, str 
     return module, None
 
 
-def dispatches_of(executable_sources: str) -> list[Dispatch]:
-    """Every unique dispatch of a model, weighted by how often the model runs it."""
+def dispatches_of(executable_sources: str, flow_program: str | None = None) -> list[Dispatch]:
+    """Every unique dispatch of a model, weighted by how often the model runs it. The host
+    program of the executable sources has its loops lowered to branches, so it counts dispatch
+    sites; `flow_program` (the same model at `--compile-to=flow`) multiplies a dispatch's sites
+    by the trips of the loops around them, where its sites are the same ones."""
     program = parse_module(executable_sources)
+    flow = parse_module(flow_program) if flow_program is not None else None
     with context(), ir.Location.unknown():
         counts = dispatch_counts(program)
+        flow_sites, flow_runs = loop_dispatch_counts(flow) if flow is not None else (Counter(), Counter())
         executables = _named(program.body, "hal.executable")
         if not executables:
             raise NotAModelError("no hal.executable in the input: expected the output of "
@@ -176,6 +220,8 @@ def dispatches_of(executable_sources: str) -> list[Dispatch]:
                 continue
             entry = ir.StringAttr(function.attributes["sym_name"]).value
             weight = sum(n for ref, n in counts.items() if ref.startswith(f"@{name}::") and ref.endswith(f"::@{entry}"))
+            if weight and flow_sites[f"@{name}::@{entry}"] == weight:
+                weight = flow_runs[f"@{name}::@{entry}"]
             module, reason = as_tensor_function(function)
             out.append(Dispatch(name, entry, weight, str(module), reason))
         return out

@@ -10,6 +10,7 @@ was applied, and timed in interleaved rounds with iree-benchmark-module.
 from __future__ import annotations
 
 import math
+import shutil
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,11 +50,19 @@ _STRUCTURE_ONLY = (f"--mlir-elide-elementsattrs-if-larger={ELIDED_CONSTANT_ELEME
                    f"--mlir-elide-resource-strings-if-larger={8 * ELIDED_CONSTANT_ELEMENTS}")
 
 
-def executable_sources(model: Path, out: Path, timeout_s: float = 300.0) -> str:
+def executable_sources(model: Path, out: Path, timeout_s: float = 300.0, flow_out: Path | None = None) -> str:
     """The model's host program and one hal.executable per unique dispatch, as IREE forms them
-    for this CPU (any input IREE takes: linalg, torch, ...); large constants elided."""
+    for this CPU (any input IREE takes: linalg, torch, ...); large constants elided. `flow_out`:
+    also write there the same compile's flow-level program (IREE's dump of that phase), where the
+    model's loops are still scf.for (`service.ir.dispatch.dispatches_of`)."""
+    phases = out.parent / f"{out.stem}.phases"
+    dump = [f"--dump-compilation-phases-to={phases}"] if flow_out is not None else []
     run_tool("iree-compile", [str(model), *HOST_COMPILE_FLAGS, "--compile-to=executable-sources", *_STRUCTURE_ONLY,
-                              "-o", str(out)], timeout_s)
+                              *dump, "-o", str(out)], timeout_s)
+    if flow_out is not None:
+        (flow,) = phases.glob("*.flow.mlir")
+        flow.replace(flow_out)
+        shutil.rmtree(phases)
     return out.read_text()
 
 

@@ -247,10 +247,8 @@ def classify_dispatches(model: Path, workdir: Path) -> tuple[list[Dispatch], lis
     and a report for each of the others saying why not. A job's items are decided alone, so a
     convolution, whose config ships only when measured inside the whole model, is left out.
     Raises ModelInputError when IREE cannot compile the model."""
-    with refused_as(f"IREE cannot compile {model.name}"):
-        sources = executable_sources(model, workdir / "sources.mlir")
     tunable, left = [], []
-    for dispatch in _dispatches(sources, model):
+    for dispatch in _dispatches(model, workdir):
         candidate, report = _classify(dispatch)
         if candidate is not None and (why := measured_only(candidate.root)):
             report.reason = unmeasured_reason(f"{why}; a job decides its items alone",
@@ -263,10 +261,13 @@ def classify_dispatches(model: Path, workdir: Path) -> tuple[list[Dispatch], lis
     return tunable, left
 
 
-def _dispatches(sources: str, model: Path) -> list[Dispatch]:
-    """The dispatches in IREE's executable sources of `model`; ModelInputError when it formed none."""
+def _dispatches(model: Path, workdir: Path) -> list[Dispatch]:
+    """The dispatches IREE forms of `model`, weighted by runs per model run (the trips of loops
+    around them included); ModelInputError when IREE cannot compile it or formed none."""
+    with refused_as(f"IREE cannot compile {model.name}"):
+        sources = executable_sources(model, workdir / "sources.mlir", flow_out=workdir / "flow.mlir")
     try:
-        return dispatches_of(sources)
+        return dispatches_of(sources, (workdir / "flow.mlir").read_text())
     except NotAModelError:
         raise ModelInputError(f"IREE formed no dispatch from {model.name}: nothing in it runs as a kernel "
                               "(is it empty, or do its results not depend on its inputs?)") from None
@@ -514,9 +515,7 @@ def tune_model(model: Path, hardware: HardwareModel, spec_out: Path, *, budget: 
     with tempfile.TemporaryDirectory(prefix="tilesearch-model-") as tmp:
         workdir = Path(tmp)
         model = importable_model(model, workdir)
-        with refused_as(f"IREE cannot compile {model.name}"):
-            sources = executable_sources(model, workdir / "sources.mlir")
-        dispatches = _dispatches(sources, model)
+        dispatches = _dispatches(model, workdir)
         classified = [_classify(d) for d in dispatches]
         for c, report in classified:
             if c is not None and not measure_top and (why := measured_only(c.root)):
