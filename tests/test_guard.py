@@ -335,3 +335,31 @@ def test_a_plan_iree_cannot_take_as_a_config_is_never_the_answer(tmp_path):
     if spec is not None:  # a tiled answer: IREE compiles the module with it
         (tmp_path / "spec.mlir").write_text(spec)
         compile_model(module, tmp_path / "m.vmfb", tmp_path / "configs", spec=tmp_path / "spec.mlir")
+
+
+MMT4D = """
+func.func @main(%a: tensor<8x32x8x1xf32>, %b: tensor<16x32x16x1xf32>, %c: tensor<8x16x8x16xf32>) -> tensor<8x16x8x16xf32> {
+  %r = linalg.mmt4d ins(%a, %b : tensor<8x32x8x1xf32>, tensor<16x32x16x1xf32>) outs(%c : tensor<8x16x8x16xf32>) -> tensor<8x16x8x16xf32>
+  return %r : tensor<8x16x8x16xf32>
+}"""
+
+
+def test_irees_data_tiled_matmul_keeps_irees_own_pipeline(tmp_path):
+    """linalg.mmt4d is lowered by IREE's Mmt4dTilingExpert over whole inner tiles: a
+    DoubleTilingExpert config from a plan that tiles them ran 3x slower (a new user's trial).
+    No spec, no forced measurement, and the reason says so."""
+    from service.measure.forcing import NotMeasurable, force_plan
+    from service.measure.tuning_spec import spec_for_plan, why_no_spec
+
+    graph = analyze(MMT4D).graph
+    (root,) = [op for op in graph.ops.values() if op.kind == "contraction"]
+    plan = Plan.model_validate({"groups": [{"anchor": root.uid, "fuse": [], "levels": [
+        {"loop": "forall", "tile_sizes": [4, 4, 0, 0, 0, 0]}, {"loop": "for", "tile_sizes": [1, 8, 0, 1, 0, 0]}]}]})
+    assert spec_for_plan(graph, plan) is None and "Mmt4dTilingExpert" in why_no_spec(graph, plan)
+    with pytest.raises(NotMeasurable, match="data-tiled matmul"):
+        force_plan(MMT4D, plan.model_dump())
+    module, spec = tmp_path / "mmt4d.mlir", tmp_path / "spec.mlir"
+    module.write_text(MMT4D)
+    result = CliRunner().invoke(app, ["tune", str(module), "--budget", "16", "--spec-out", str(spec)])
+    assert result.exit_code == 0, result.output
+    assert not spec.exists() and "no tuning spec written" in result.output and "linalg.mmt4d" in result.output

@@ -30,6 +30,7 @@ from .lowering import (
     compilation_info_text,
     convolution_not_configured,
     iree_configures_convolution,
+    iree_keeps_own_pipeline,
     lowering_config_from_levels,
     translation_info_text,
 )
@@ -215,6 +216,8 @@ def force_plan(
             if convolution and not iree_configures_convolution(described):
                 why = convolution_not_configured(described)
                 raise NotMeasurable(f"{op.name}: a forced convolution plan cannot be measured: {why}")
+            if why := iree_keeps_own_pipeline(described):
+                raise NotMeasurable(f"a forced plan cannot be measured: {why}")
             if described.kind not in CONFIGURABLE_KINDS:
                 continue  # IREE's CPU backend takes tile sizes for its root op only: it tiles this one itself
             label = f"{group['anchor']} ({op.name})"

@@ -32,6 +32,7 @@ from .lowering import (
     compilation_info_text,
     convolution_not_configured,
     iree_configures_convolution,
+    iree_keeps_own_pipeline,
     lowering_config_from_levels,
     lowering_config_text,
     translation_info_text,
@@ -121,7 +122,8 @@ def contraction_dims(indexing_maps: list[str], n_loops: int) -> ContractionDims:
 def contraction_matcher(op: TileableOp, levels: list, name: str, translation_info: str | None = None) -> ContractionMatcher | None:
     """The matcher of a contraction op with the config its plan levels give it; None for an op
     that is not a static contraction or for more levels than IREE's CPU config has."""
-    if op.kind != "contraction" or len(levels) > 3 or not op.indexing_maps or any(r is None for r in op.loop_ranges):
+    if (op.kind != "contraction" or len(levels) > 3 or not op.indexing_maps or any(r is None for r in op.loop_ranges)
+            or iree_keeps_own_pipeline(op)):
         return None
     config = lowering_config_from_levels(levels, op.iterator_types, anchor=op.name)
     dims = contraction_dims(op.indexing_maps, len(op.loop_ranges))
@@ -220,6 +222,9 @@ def why_no_spec(graph: OpGraph, plan: Plan) -> str:
     if dynamic:
         return (f"{dynamic[0].name} (uid {dynamic[0].uid}) has dynamic dims: IREE's contraction matcher checks every "
                 "dim size, so a spec is for static shapes only")
+    own = [why for op in anchors if op.kind == "contraction" and (why := iree_keeps_own_pipeline(op))]
+    if own:
+        return own[0]
     convolutions = [op for op in anchors if op.kind == "convolution"]
     if convolutions:
         conv = convolutions[0]

@@ -40,7 +40,7 @@ from service.ir.graph import OpGraph, TileableOp
 from service.ir.plan import Plan
 from service.measure.dispatch_profile import DispatchTime
 from service.measure.forcing import NotMeasurable, write_inputs
-from service.measure.lowering import convolution_not_configured, iree_configures_convolution
+from service.measure.lowering import convolution_not_configured, iree_configures_convolution, iree_keeps_own_pipeline
 from service.measure.timing import Measurement
 from service.measure.tools import ToolFailure, host_translation_info, iree_version
 from service.measure.tuning_spec import RootMatcher, root_matcher, symbol_part, tuning_spec
@@ -235,6 +235,7 @@ def _classify(dispatch: Dispatch) -> tuple[_Candidate | None, DispatchReport]:
     else:
         root = contractions[0]
         report.root_op = root.name
+        report.reason = iree_keeps_own_pipeline(root)
     if report.reason is None and not graph.has_static_shapes():
         report.reason = "dynamic shapes"
     if report.reason is not None:

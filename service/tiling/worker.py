@@ -15,6 +15,7 @@ from service.measure.lowering import (
     CONVOLUTION_PIPELINE,
     compilation_info_text,
     iree_configures_convolution,
+    iree_keeps_own_pipeline,
     lowering_config_from_levels,
     translation_info_text,
 )
@@ -73,7 +74,7 @@ def compilation_infos(graph: OpGraph, plan: Plan, translation_info: str | None =
     out = {}
     for group in plan.groups:
         op = graph.op(group.anchor)
-        if op.kind not in CONFIGURABLE_KINDS or len(group.levels) > 3:
+        if op.kind not in CONFIGURABLE_KINDS or len(group.levels) > 3 or iree_keeps_own_pipeline(op):
             continue
         levels = [level.model_dump() for level in group.levels]
         config = lowering_config_from_levels(levels, op.iterator_types, anchor=op.name)
