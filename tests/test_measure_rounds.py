@@ -83,3 +83,19 @@ def test_inside_the_model_the_default_build_and_round_builds_take_turns_going_fi
     # Each build read in every position once: the same median for all three.
     (root_times,) = times.roots
     assert sorted(root_times.default_s) == sorted(root_times.plans_s[0]) == sorted(root_times.plans_s[1])
+
+
+def test_the_bench_verdict_is_the_rounds_either_way():
+    from service.measure.whole_model import ModelTiming
+    from service.model_tuning import ModelBenchmark
+
+    def bench(pairs):
+        t = ModelTiming(default_s=[d for d, _ in pairs], tuned_s=[x for _, x in pairs], rounds=pairs)
+        return ModelBenchmark(model="m", spec="s", default_median_s=t.default_median_s, tuned_median_s=t.tuned_median_s,
+                              speedup=t.speedup, default_samples_s=t.default_s, tuned_samples_s=t.tuned_s, dispatches=1,
+                              dispatches_changed=1, tuned_faster_rounds=t.tuned_faster_rounds, sign_test_p=t.sign_test_p,
+                              default_faster_p=t.default_faster_p)
+
+    assert bench([(1.0, 0.9)] * 5).resolved == "faster"  # p = 1/32
+    assert bench([(0.9, 1.0)] * 5).resolved == "slower"
+    assert bench([(1.0, 0.9)] * 4 + [(0.9, 1.0)]).resolved is None  # 4 of 5: p = 6/32

@@ -189,13 +189,13 @@ def model_bench_cmd(
         result = bench_model(file, spec, rounds=rounds, function=function)
     except (ModelInputError, ToolFailure) as exc:
         raise _ir_failure(exc) from None
-    if as_json:  # the text's reading too: each build's middle half, and whether they overlap
+    if as_json:  # the text's reading too: each build's middle half, and the rounds' verdict
         import json
 
         typer.echo(json.dumps(result.model_dump(mode="json") | {
             "default_middle_half_s": list(_middle_half(result.default_samples_s)),
             "tuned_middle_half_s": list(_middle_half(result.tuned_samples_s)),
-            "within_noise": _overlap(result.default_samples_s, result.tuned_samples_s)}, indent=2))
+            "resolved": result.resolved, "within_noise": result.resolved is None}, indent=2))
         return
     default_q, tuned_q = _middle_half_ms(result.default_samples_s), _middle_half_ms(result.tuned_samples_s)
     typer.echo(f"{file.name}{f' @{function}' if function else ''}: IREE default {result.default_median_s * 1e3:.3f} ms "
@@ -204,9 +204,15 @@ def model_bench_cmd(
                f"{result.speedup:.2f}x; the spec changed {result.dispatches_changed} of {result.dispatches} dispatches")
     typer.echo(f"the spec's build was faster in {result.tuned_faster_rounds} of {rounds} rounds "
                f"(sign test p = {result.sign_test_p:.2f}: the chance of that many if both builds were equally fast)")
-    if _overlap(result.default_samples_s, result.tuned_samples_s):
-        typer.echo("the two builds' middle halves overlap: the difference is within this machine's noise "
+    # One verdict, the paired rounds': each times both builds back to back, under the same load,
+    # which the spread of all samples (the middle halves) does not see through.
+    if result.resolved is None:
+        typer.echo("the rounds do not resolve the difference: it is within this machine's noise "
                    "(more --rounds, or a quieter machine)")
+    else:
+        overlap = _overlap(result.default_samples_s, result.tuned_samples_s)
+        typer.echo(f"the rounds resolve it: the spec's build is {result.resolved}"
+                   + (" (the middle halves overlap: load moved both builds alike between rounds)" if overlap else ""))
 
 
 def _middle_half(samples: list[float]) -> tuple[float, float]:

@@ -197,8 +197,18 @@ class ModelTiming:
         this many of them when the two builds are equally fast (each round a coin toss). Rounds
         pair builds timed back to back, under the same load; medians alone do not say whether
         a gain of a few percent is the machine's noise."""
-        n, wins = len(self.rounds), self.tuned_faster_rounds
-        return sum(math.comb(n, k) for k in range(wins, n + 1)) / 2**n
+        return _at_least(self.tuned_faster_rounds, len(self.rounds))
+
+    @property
+    def default_faster_p(self) -> float:
+        """The same test the other way: the chance that IREE's default build wins at least as
+        many rounds as it did when the two builds are equally fast."""
+        return _at_least(sum(1 for default, tuned in self.rounds if default < tuned), len(self.rounds))
+
+
+def _at_least(wins: int, n: int) -> float:
+    """The chance of at least `wins` heads in `n` fair coin tosses."""
+    return sum(math.comb(n, k) for k in range(wins, n + 1)) / 2**n
 
 
 def time_models(default_vmfb: Path, tuned_vmfb: Path, input_flags: list[str], *, function: str = "main",

@@ -17,6 +17,7 @@ from service.measure.whole_model import (
     time_models,
 )
 
+from .in_model import RESOLVED_P
 from .tune import ModelInputError, importable_model, refused_as
 
 
@@ -32,6 +33,15 @@ class ModelBenchmark(BaseModel):
     dispatches_changed: int  # of them, those whose ops the spec compiled with other configs (at least one)
     tuned_faster_rounds: int  # alternating rounds in which the spec's build ran faster
     sign_test_p: float  # the chance of that many when both builds are equally fast (ModelTiming.sign_test_p)
+    default_faster_p: float  # the same test for IREE's default build's rounds (ModelTiming.default_faster_p)
+
+    @property
+    def resolved(self) -> str | None:
+        """'faster' or 'slower' (the spec's build) where the paired rounds resolve the difference
+        at RESOLVED_P, the level `model tune` ships a measured spec at; None: within the noise."""
+        if self.sign_test_p <= RESOLVED_P:
+            return "faster"
+        return "slower" if self.default_faster_p <= RESOLVED_P else None
 
 
 def bench_model(model: Path, spec: Path, *, rounds: int = 5, function: str | None = None) -> ModelBenchmark:
@@ -62,4 +72,5 @@ def bench_model(model: Path, spec: Path, *, rounds: int = 5, function: str | Non
                           tuned_median_s=timing.tuned_median_s, speedup=timing.speedup,
                           default_samples_s=timing.default_s, tuned_samples_s=timing.tuned_s,
                           dispatches=len(default), dispatches_changed=changed,
-                          tuned_faster_rounds=timing.tuned_faster_rounds, sign_test_p=timing.sign_test_p)
+                          tuned_faster_rounds=timing.tuned_faster_rounds, sign_test_p=timing.sign_test_p,
+                          default_faster_p=timing.default_faster_p)
