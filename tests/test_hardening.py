@@ -327,6 +327,19 @@ def test_invalid_text_and_body_get_the_error_shape(migrated_url) -> None:
         buffers = client.post("/v1/tilings", json={"module": MEMREF_MATMUL, "hardware": "host-cpu", "budget": 4})
         assert buffers.status_code == 422 and buffers.json()["detail"]["error"] == "BufferSemanticsError"
         assert "linalg.matmul at line 2, column 3 works on memrefs" in buffers.json()["detail"]["message"]
+        # iree-import-onnx's output was answered 200 with an empty plan, with no word of model tuning
+        # (a new user's trial): a torch-dialect program is refused with where to send it.
+        torch_program = client.post("/v1/tilings", json={"module": TORCH_PROGRAM, "hardware": "host-cpu", "budget": 4})
+        assert torch_program.status_code == 422 and torch_program.json()["detail"]["error"] == "FrontendDialectError"
+        message = torch_program.json()["detail"]["message"]
+        assert "torch.operator at line 2, column 8 is torch dialect" in message and "tilesearch model tune" in message
+
+
+# What iree-import-onnx writes for an ONNX Relu.
+TORCH_PROGRAM = """func.func @main_graph(%arg0: !torch.vtensor<[4],f32>) -> !torch.vtensor<[4],f32> {
+  %0 = torch.operator "onnx.Relu"(%arg0) : (!torch.vtensor<[4],f32>) -> !torch.vtensor<[4],f32>
+  return %0 : !torch.vtensor<[4],f32>
+}"""
 
 
 MEMREF_MATMUL = """func.func @mm(%a: memref<256x512xf32>, %b: memref<512x256xf32>, %c: memref<256x256xf32>) {

@@ -94,6 +94,11 @@ def test_rejected_plan_exit_code(tmp_path) -> None:
     result = runner.invoke(app, ["apply", str(WORKLOADS / "fuse_group.mlir"), "--plan", str(tmp_path / "plan.json")])
     assert result.exit_code == 2
     assert "fuse group 1 is split" in result.output
+    # A plan that fails validation names the field, without pydantic's documentation link (a new user's trial).
+    (tmp_path / "plan.json").write_text(json.dumps({"groups": [{"anchor": 1, "fuse": [0], "levels": [{"tile_sizes": [-2, 64, 0]}]}]}))
+    result = runner.invoke(app, ["apply", str(WORKLOADS / "fuse_group.mlir"), "--plan", str(tmp_path / "plan.json")])
+    assert result.exit_code == 2 and "errors.pydantic.dev" not in result.output
+    assert "Plan is not valid: groups.0.levels.0.tile_sizes.0: Input should be greater than or equal to 0 (got -2)" in result.output
 
 
 def _sleep(seconds: float) -> float:

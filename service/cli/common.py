@@ -12,7 +12,15 @@ import typer
 
 
 def _ir_failure(exc: Exception | str) -> typer.Exit:
-    """Print an IR core error (with line:column diagnostics) to stderr; exit code 2."""
+    """Print an IR core error (with line:column diagnostics) to stderr; exit code 2. A plan or
+    request that fails validation says which field and why, one line each, without pydantic's
+    documentation links."""
+    from pydantic import ValidationError
+
+    if isinstance(exc, ValidationError):
+        fields = [f"{'.'.join(map(str, e['loc'])) or exc.title}: {e['msg']} (got {e['input']!r})"
+                  for e in exc.errors(include_url=False)]
+        exc = f"{exc.title} is not valid: " + "; ".join(fields)
     typer.echo(f"error: {exc}", err=True)
     return typer.Exit(2)
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .errors import BufferSemanticsError, Diagnostic, InvalidTextError, MLIRSyntaxError, MLIRVerifyError, ModuleTooLargeError
+from .errors import BufferSemanticsError, Diagnostic, FrontendDialectError, InvalidTextError, MLIRSyntaxError, MLIRVerifyError, ModuleTooLargeError
 from .lexical import check_text
 from .mlir import context, ir
 
@@ -127,11 +127,13 @@ def parse_module(source: str | bytes, *, max_ops: int | None = None) -> ir.Modul
 
 
 def check_tensor_semantics(module: ir.Module) -> None:
-    """Raise BufferSemanticsError, naming the first linalg op that reads or writes a memref."""
+    """Raise BufferSemanticsError, naming the first linalg op that reads or writes a memref, or
+    FrontendDialectError, naming the first torch-dialect op (a model not yet lowered to linalg)."""
     found: list[ir.Operation] = []
 
     def visit(op: ir.Operation) -> ir.WalkResult:
-        if op.name.startswith("linalg.") and any(isinstance(v.type, (ir.MemRefType, ir.UnrankedMemRefType)) for v in op.operands):
+        if op.name.startswith("torch.") or (op.name.startswith("linalg.") and any(
+                isinstance(v.type, (ir.MemRefType, ir.UnrankedMemRefType)) for v in op.operands)):
             found.append(op)
             return ir.WalkResult.INTERRUPT
         return ir.WalkResult.ADVANCE
@@ -139,4 +141,5 @@ def check_tensor_semantics(module: ir.Module) -> None:
     module.operation.walk(visit, ir.WalkOrder.PRE_ORDER)
     if found:
         line, column = location_of(found[0].location)
-        raise BufferSemanticsError(found[0].name, line, column)
+        error = FrontendDialectError if found[0].name.startswith("torch.") else BufferSemanticsError
+        raise error(found[0].name, line, column)

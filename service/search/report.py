@@ -32,7 +32,7 @@ def summary_lines(result: TuneResult) -> list[str]:
     if best and base.get("latency_s") and not kept:
         lines.append(f"predicted speedup over the super-tiling baseline (not over IREE): {base['latency_s'] / best:.2f}x")
     lines.append(
-        f"evaluated {result.evaluations} candidates in {result.elapsed_s:.1f} s "
+        f"evaluated {result.evaluations} candidate{'' if result.evaluations == 1 else 's'} in {result.elapsed_s:.1f} s "
         f"({result.evaluations_per_s:.0f}/s while evaluating), space {result.space_size}"
         + ("" if result.complete else "  [time budget hit: search incomplete]")
     )
