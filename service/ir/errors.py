@@ -131,31 +131,34 @@ class NestingTooDeepError(IRError):
 
 
 @dataclass
-class FrontendDialectError(IRError):
-    """The module is a framework's program (torch dialect, as iree-import-onnx and iree-turbine
-    write it), not linalg: nothing in it is tileable until IREE lowers it."""
+class _OpError(IRError):
+    """An error about one op of the module, at its line and column when MLIR knows them."""
 
     op: str
     line: int | None = None
     column: int | None = None
 
+    @property
+    def op_where(self) -> str:
+        return f"{self.op} at line {self.line}, column {self.column}" if self.line is not None else self.op
+
+
+@dataclass
+class FrontendDialectError(_OpError):
+    """The module is a framework's program (torch dialect, as iree-import-onnx and iree-turbine
+    write it), not linalg: nothing in it is tileable until IREE lowers it."""
+
     def __str__(self) -> str:
-        where = f" at line {self.line}, column {self.column}" if self.line is not None else ""
-        return (f"{self.op}{where} is torch dialect (what iree-import-onnx and iree-turbine write): tilesearch tiles "
+        return (f"{self.op_where} is torch dialect (what iree-import-onnx and iree-turbine write): tilesearch tiles "
                 "linalg on tensors, IREE's input form. `tilesearch model tune FILE` lowers the model with IREE and tunes "
                 "each dispatch; `iree-compile --compile-to=input FILE` prints its linalg")
 
 
 @dataclass
-class BufferSemanticsError(IRError):
+class BufferSemanticsError(_OpError):
     """A linalg op works on memrefs: tilesearch tiles and fuses linalg on tensors (IREE's input
     form), and a config matched by shape would reach tensor ops it was never searched for."""
 
-    op: str
-    line: int | None = None
-    column: int | None = None
-
     def __str__(self) -> str:
-        where = f" at line {self.line}, column {self.column}" if self.line is not None else ""
-        return (f"{self.op}{where} works on memrefs (buffers): tilesearch tiles linalg on tensors, IREE's input "
+        return (f"{self.op_where} works on memrefs (buffers): tilesearch tiles linalg on tensors, IREE's input "
                 "form; give the module before bufferization (tensor operands, results returned)")
