@@ -471,12 +471,15 @@ def _write_spec(source: str | bytes, plan: dict, hardware, path: Path) -> str | 
     why it has none, and remove an older spec there (a build must not pick up a stale one)."""
     from service.ir.analysis import analyze
     from service.ir.plan import Plan
-    from service.tiling.worker import iree_configs
+    from service.tiling.worker import iree_configs, spec_not_applied
 
     configs = iree_configs(analyze(source).graph, Plan.model_validate(plan), hardware)
-    if configs["tuning_spec"] is None:
+    why = configs["no_tuning_spec"]
+    if configs["tuning_spec"] is not None:  # proof IREE uses it, as `model tune` proves a model's
+        why = spec_not_applied(source, Plan.model_validate(plan), configs["tuning_spec"], hardware)
+    if why is not None:
         path.unlink(missing_ok=True)
-        return configs["no_tuning_spec"]
+        return why
     path.write_text(configs["tuning_spec"])
     return None
 

@@ -201,16 +201,23 @@ def _convolution_matcher_text(m: ConvolutionMatcher, maps: str) -> str:
   }}"""
 
 
-def spec_for_plan(graph: OpGraph, plan: Plan, translation_info: str | None = None) -> str | None:
-    """A tuning spec giving each contraction anchor of the plan its config (None: the plan
-    configures no contraction). Anchors with the same matcher keep the first one's config."""
+def plan_matchers(graph: OpGraph, plan: Plan, translation_info: str | None = None) -> list[ContractionMatcher]:
+    """A matcher per contraction anchor of the plan with its config; anchors with the same
+    matcher keep the first one's config."""
     matchers: dict[tuple, ContractionMatcher] = {}
     for group in plan.groups:
         m = contraction_matcher(graph.op(group.anchor), [lv.model_dump() for lv in group.levels], f"op_{group.anchor}",
                                 translation_info)
         if m is not None:
             matchers.setdefault(m.matched, m)
-    return tuning_spec(list(matchers.values())) if matchers else None
+    return list(matchers.values())
+
+
+def spec_for_plan(graph: OpGraph, plan: Plan, translation_info: str | None = None) -> str | None:
+    """A tuning spec giving each contraction anchor of the plan its config (None: the plan
+    configures no contraction)."""
+    matchers = plan_matchers(graph, plan, translation_info)
+    return tuning_spec(matchers) if matchers else None
 
 
 def why_no_spec(graph: OpGraph, plan: Plan) -> str:

@@ -112,6 +112,19 @@ def dispatch_configs(configs_dir: Path) -> dict[str, DispatchConfig]:
     return out
 
 
+def configs_not_applied(module: Path, spec: Path, lowering_configs: list[str], workdir: Path,
+                        timeout_s: float = 300.0) -> list[str]:
+    """Of the lowering configs a spec gives, those no op of `module` got when IREE configured it
+    with the spec (empty: IREE applied them all). A matcher checks the op as IREE forms it, which
+    can differ from the module's (IREE collapses a contraction's contiguous reduction dims)."""
+    configs_dir = workdir / "spec_configs"
+    run_tool("iree-compile", [str(module), *HOST_COMPILE_FLAGS, "--compile-to=executable-configurations",
+                              *spec_compile_flags(spec), f"--iree-hal-dump-executable-configurations-to={configs_dir}",
+                              "-o", str(workdir / "configured.mlir")], timeout_s)
+    got = {config for d in dispatch_configs(configs_dir).values() for _, config in d.ops if config}
+    return [c for c in lowering_configs if canonical_attribute(c) not in got]
+
+
 def canonical_attribute(text: str) -> str:
     """An attribute as MLIR prints it, to compare with what IREE's dumps print."""
     with context():

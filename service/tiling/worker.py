@@ -249,6 +249,29 @@ def iree_configs(graph: OpGraph, plan: Plan, hardware: HardwareModel, left_to_ir
             "no_tuning_spec": None if spec else left_to_iree or why_no_spec(graph, plan)}
 
 
+def spec_not_applied(source: str | bytes, plan: Plan, spec: str, hardware: HardwareModel) -> str | None:
+    """Why IREE, configuring the module with the plan's spec, did not give every matched op the
+    spec's config (None: it did). The matchers check each op as IREE forms it: a linalg.generic
+    whose contiguous reduction dims IREE collapses matches nothing (a new user's trial)."""
+    import tempfile
+    from pathlib import Path
+
+    from service.measure.tuning_spec import plan_matchers
+    from service.measure.whole_model import configs_not_applied
+
+    matchers = plan_matchers(cached_analysis(source).graph, plan, _translation_info_for(hardware=hardware))
+    with tempfile.TemporaryDirectory(prefix="tilesearch-spec-") as tmp:
+        workdir = Path(tmp)
+        module = workdir / ("module.mlirbc" if isinstance(source, bytes) else "module.mlir")
+        module.write_bytes(source) if isinstance(source, bytes) else module.write_text(source)
+        (workdir / "spec.mlir").write_text(spec)
+        missed = configs_not_applied(module, workdir / "spec.mlir", [m.lowering_config for m in matchers], workdir)
+    if not missed:
+        return None
+    return (f"IREE, configuring the module with the spec, gave no op {missed[0]}: its matcher matches nothing as IREE "
+            "forms the op (it collapses or reorders a contraction's dims), so the spec would change nothing")
+
+
 def realise_plan(source: str, plan: Plan, hardware: HardwareModel) -> Realisation:
     """A stored plan applied to this module text (same structure, its own names and constants):
     a hit answers in the requester's IR. Milliseconds; no search."""
