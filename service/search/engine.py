@@ -202,11 +202,11 @@ class _Search:
         # Both leave the register tile to the compiler, which the cost model prices as ideal: not an
         # answer where IREE's own is known slow (GroupSpec.needs_register_tile).
         ideal_register_tile_ok = not any(g.needs_register_tile for g in self.space.groups)
-        self.record([untiled_ev], eligible=ideal_register_tile_ok)  # untiled, IREE keeps its own configs
         # On a CPU the answer is IREE configs, in which the baseline's memory level alone is no
-        # answer (leaves_no_vector_tile).
+        # answer (leaves_no_vector_tile); untiled, IREE keeps its own configs.
         iree_takes_it = not (self.hardware.is_cpu and leaves_no_vector_tile(self.graph, st_plan))
         self.record([baseline_ev], eligible=ideal_register_tile_ok and iree_takes_it)
+        self.record([untiled_ev], eligible=ideal_register_tile_ok)
         if baseline_ev.stage != "cost":
             self.warnings.append(f"the super-tiling baseline could not be applied: {baseline_ev.reason}")
         return baseline_ev, untiled_ev
