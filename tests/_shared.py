@@ -385,3 +385,24 @@ func.func @conv1x1(%x: {x}, %w: {w}) -> {y} {{
   %c = linalg.generic {{indexing_maps = {maps}, iterator_types = ["parallel", "parallel", "reduction"]}}
       ins({ins}) outs(%f : {y}) {{
 {_multiply_add(y)}"""
+
+
+# A contraction over three contiguous reduction dims: IREE collapses them into one before it
+# configures the op, so a matcher of the module's dims (k = 8 x 16 x 4) matches nothing.
+THREE_REDUCTION_DIMS = """
+#a = affine_map<(i, j, k, l, m) -> (i, k, l, m)>
+#b = affine_map<(i, j, k, l, m) -> (k, l, m, j)>
+#c = affine_map<(i, j, k, l, m) -> (i, j)>
+func.func @main(%x: tensor<32x8x16x4xf32>, %w: tensor<8x16x4x96xf32>) -> tensor<32x96xf32> {
+  %z = arith.constant 0.0 : f32
+  %e = tensor.empty() : tensor<32x96xf32>
+  %f = linalg.fill ins(%z : f32) outs(%e : tensor<32x96xf32>) -> tensor<32x96xf32>
+  %r = linalg.generic {indexing_maps = [#a, #b, #c], iterator_types = ["parallel", "parallel", "reduction", "reduction", "reduction"]}
+      ins(%x, %w : tensor<32x8x16x4xf32>, tensor<8x16x4x96xf32>) outs(%f : tensor<32x96xf32>) {
+  ^bb0(%p: f32, %q: f32, %o: f32):
+    %m = arith.mulf %p, %q : f32
+    %s = arith.addf %o, %m : f32
+    linalg.yield %s : f32
+  } -> tensor<32x96xf32>
+  return %r : tensor<32x96xf32>
+}"""

@@ -19,7 +19,7 @@ from service.api.app import create_app
 from service.config import Settings
 from service.store import migrate
 from service.tiling.service import TilingService
-from _shared import CORPUS, MATMUL_100, MLP_CHAIN_BUDGET, RESNET_SHARED_BIAS_INIT, workload
+from _shared import CORPUS, MATMUL_100, MLP_CHAIN_BUDGET, RESNET_SHARED_BIAS_INIT, THREE_REDUCTION_DIMS, workload
 
 MLP = workload("mlp_chain")
 MATMUL = workload("matmul_1024")
@@ -374,3 +374,16 @@ def test_a_search_bug_is_a_500_not_a_bad_input_422(migrated_url, monkeypatch):
     monkeypatch.setattr(TilingService, "decide", broken)
     with TestClient(create_app(Settings(database_url=migrated_url, pool_workers=1)), raise_server_exceptions=False) as client:
         assert _tile(client, MATMUL).status_code == 500
+
+
+def test_a_decisions_spec_is_proved_and_no_hit_gets_one_it_did_not(migrated_url):
+    """The API answered a spec whose matcher matched nothing once IREE collapsed the op's three
+    reduction dims (a new user's trial). A host-cpu decision's spec is now proved with IREE when
+    it is searched, and a hit from another text of the module does not regain one."""
+    with _client(migrated_url) as client:
+        miss = client.post("/v1/tilings", json={"module": THREE_REDUCTION_DIMS, "hardware": "host-cpu", "budget": 64}).json()
+        assert miss["cache"] == "miss" and miss["plan"]["groups"], miss
+        assert miss["tuning_spec"] is None and "its matcher matches nothing as IREE forms the op" in miss["no_tuning_spec"]
+        renamed = THREE_REDUCTION_DIMS.replace("%x", "%input").replace("%w", "%weight")
+        hit = client.post("/v1/tilings", json={"module": renamed, "hardware": "host-cpu", "budget": 64}).json()
+        assert hit["cache"] == "hit" and hit["tuning_spec"] is None and hit["no_tuning_spec"] == miss["no_tuning_spec"]

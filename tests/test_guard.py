@@ -14,7 +14,7 @@ from fastapi.testclient import TestClient
 from markupsafe import escape
 from typer.testing import CliRunner
 
-from _shared import (MATMUL_100, SHARED, TWO_STACKED_MATMULS, first_input_vectors_matmul, matmul_module,
+from _shared import (MATMUL_100, SHARED, THREE_REDUCTION_DIMS, TWO_STACKED_MATMULS, first_input_vectors_matmul, matmul_module,
                      needs_avx512, tuning_every_dispatch, workload)
 
 from service.api.app import create_app
@@ -363,27 +363,6 @@ def test_irees_data_tiled_matmul_keeps_irees_own_pipeline(tmp_path):
     result = CliRunner().invoke(app, ["tune", str(module), "--budget", "16", "--spec-out", str(spec)])
     assert result.exit_code == 0, result.output
     assert not spec.exists() and "no tuning spec written" in result.output and "linalg.mmt4d" in result.output
-
-
-# A contraction over three contiguous reduction dims: IREE collapses them into one before it
-# configures the op, so a matcher of the module's dims (k = 8 x 16 x 4) matches nothing.
-THREE_REDUCTION_DIMS = """
-#a = affine_map<(i, j, k, l, m) -> (i, k, l, m)>
-#b = affine_map<(i, j, k, l, m) -> (k, l, m, j)>
-#c = affine_map<(i, j, k, l, m) -> (i, j)>
-func.func @main(%x: tensor<32x8x16x4xf32>, %w: tensor<8x16x4x96xf32>) -> tensor<32x96xf32> {
-  %z = arith.constant 0.0 : f32
-  %e = tensor.empty() : tensor<32x96xf32>
-  %f = linalg.fill ins(%z : f32) outs(%e : tensor<32x96xf32>) -> tensor<32x96xf32>
-  %r = linalg.generic {indexing_maps = [#a, #b, #c], iterator_types = ["parallel", "parallel", "reduction", "reduction", "reduction"]}
-      ins(%x, %w : tensor<32x8x16x4xf32>, tensor<8x16x4x96xf32>) outs(%f : tensor<32x96xf32>) {
-  ^bb0(%p: f32, %q: f32, %o: f32):
-    %m = arith.mulf %p, %q : f32
-    %s = arith.addf %o, %m : f32
-    linalg.yield %s : f32
-  } -> tensor<32x96xf32>
-  return %r : tensor<32x96xf32>
-}"""
 
 
 def test_tune_writes_no_spec_that_iree_would_not_apply(tmp_path):

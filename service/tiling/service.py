@@ -363,6 +363,10 @@ class TilingService:
         if realisation is None:
             t1 = time.perf_counter()
             realisation = self._run(realise_plan, request.module, plan, hardware, timeout=self.settings.request_timeout_s)
+            if decision.tuning_spec is None and realisation.tuning_spec is not None:
+                # The decision's spec was not proved (IREE did not apply it): no text of its module gets one.
+                realisation = realisation.model_copy(update={
+                    "tuning_spec": None, "no_tuning_spec": (decision.search_stats or {}).get("no_tuning_spec")})
             timings["realise_s"] = time.perf_counter() - t1
             self._realised.put(realised_key, realisation)
         return TilingOutcome(decision, cache, timings, realisation)

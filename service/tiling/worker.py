@@ -214,12 +214,16 @@ def outcome_of(source: str, result: TuneResult, hardware: HardwareModel, measure
     origin map, IREE compilation_info and tuning spec), trials, group records and timings."""
     graph = cached_analysis(source).graph
     plan = Plan.model_validate(result.plan)
+    configs = iree_configs(graph, plan, hardware, _left_to_iree(result))
+    if configs["tuning_spec"] is not None and hardware.name == HOST_CPU:  # proved once, kept with the decision
+        if why := spec_not_applied(source, plan, configs["tuning_spec"], hardware):
+            configs |= {"tuning_spec": None, "no_tuning_spec": why}
     return SearchOutcome(
         plan=plan,
         predicted=result.predicted,
         baseline=result.baseline,
         realised=apply_plan_to_text(source, plan) if plan.groups else None,
-        **iree_configs(graph, plan, hardware, _left_to_iree(result)),
+        **configs,
         trials=_trials(result, trial_offset),
         group_bests=_group_bests(graph, plan, result),
         stats=_stats(result),
