@@ -4,6 +4,9 @@ it across the tasks of one request."""
 
 from __future__ import annotations
 
+import tempfile
+from pathlib import Path
+
 from service.hardware.model import HardwareModel
 from service.hardware.profiles import HOST_CPU
 from service.ir.analysis import cached_analysis
@@ -20,7 +23,8 @@ from service.measure.lowering import (
     translation_info_text,
 )
 from service.measure.tools import host_translation_info, interruptible
-from service.measure.tuning_spec import spec_for_plan, why_no_spec
+from service.measure.tuning_spec import plan_matchers, spec_for_plan, why_no_spec
+from service.measure.whole_model import configs_not_applied
 from service.search.candidate import Evaluation
 from service.measure.cache import host_key
 from service.measure.timing import Measurement, cpu_per_core_s
@@ -257,12 +261,6 @@ def spec_not_applied(source: str | bytes, plan: Plan, spec: str, hardware: Hardw
     """Why IREE, configuring the module with the plan's spec, did not give every matched op the
     spec's config (None: it did). The matchers check each op as IREE forms it: a linalg.generic
     whose contiguous reduction dims IREE collapses matches nothing (a new user's trial)."""
-    import tempfile
-    from pathlib import Path
-
-    from service.measure.tuning_spec import plan_matchers
-    from service.measure.whole_model import configs_not_applied
-
     matchers = plan_matchers(cached_analysis(source).graph, plan, _translation_info_for(hardware=hardware))
     with tempfile.TemporaryDirectory(prefix="tilesearch-spec-") as tmp:
         workdir = Path(tmp)
