@@ -469,14 +469,16 @@ def _no_spec_written(path: Path, as_json: bool, why: str | None = None, plan_til
 def _write_spec(source: str | bytes, plan: dict, hardware, path: Path) -> str | None:
     """Write the plan's IREE tuning spec (its contraction anchors' configs) to `path`; or say
     why it has none, and remove an older spec there (a build must not pick up a stale one)."""
-    from service.ir.analysis import analyze
+    from service.ir.analysis import cached_analysis
     from service.ir.plan import Plan
     from service.tiling.worker import iree_configs, spec_not_applied
 
-    configs = iree_configs(analyze(source).graph, Plan.model_validate(plan), hardware)
+    validated = Plan.model_validate(plan)
+    # cached: spec_not_applied reads the same module's analysis
+    configs = iree_configs(cached_analysis(source).graph, validated, hardware)
     why = configs["no_tuning_spec"]
     if configs["tuning_spec"] is not None:  # proof IREE uses it, as `model tune` proves a model's
-        why = spec_not_applied(source, Plan.model_validate(plan), configs["tuning_spec"], hardware)
+        why = spec_not_applied(source, validated, configs["tuning_spec"], hardware)
     if why is not None:
         path.unlink(missing_ok=True)
         return why
