@@ -121,7 +121,8 @@ def test_a_shared_model_gives_every_dispatch_as_a_module_of_its_own(tmp_path):
 @pytest.mark.slow
 def test_a_dynamic_dispatch_says_why_it_is_not_searched(tmp_path):
     (d,) = _dispatches(tmp_path, DYNAMIC)
-    assert d.reason is not None and d.reason.startswith("dynamic")
+    assert d.reason is not None and d.reason.startswith("dynamic") and d.dynamic
+    assert "--shape-hint" in d.reason  # what to give `model tune`
 
 
 @pytest.mark.slow

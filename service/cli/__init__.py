@@ -357,7 +357,7 @@ def tune_cmd(
     """Search tile-and-fuse plans; prints the best, its predicted cost and the super-tiling baseline."""
     import json
 
-    _writable_spec_path(spec_out)
+    _writable_spec_path(spec_out, file)
     older_spec = spec_out is not None and spec_out.exists()
     if server is not None:
         if measure_top:

@@ -108,10 +108,14 @@ def server_errors(server: str) -> Iterator[None]:
         raise typer.Exit(2 if 400 <= exc.status_code < 500 else 1) from None
 
 
-def _writable_spec_path(spec_out: Path | None) -> None:
-    """--spec-out names a file in an existing folder: checked before the search, not after."""
+def _writable_spec_path(spec_out: Path | None, source: Path) -> None:
+    """--spec-out names a file in an existing folder, not the input itself (a run that writes no
+    spec removes an older one there): checked before the search, not after."""
     if spec_out is None:
         return
+    if spec_out.resolve() == source.resolve():
+        typer.echo(f"error: --spec-out {spec_out} is the input itself: name the spec otherwise", err=True)
+        raise typer.Exit(2)
     if spec_out.is_dir():
         typer.echo(f"error: --spec-out {spec_out} is a directory: give the spec file's path", err=True)
         raise typer.Exit(2)

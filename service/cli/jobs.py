@@ -71,7 +71,7 @@ def _model_dispatches(path: Path) -> dict:
 
     from service.jobs.tasks import model_file_items
     from service.model_tuning import ModelInputError
-    from service.model_tuning.tune import importable_model
+    from service.model_tuning.model_input import importable_model
 
     if path.suffix.lower() == ".mlir":
         _read_text(path)  # bytes that are not UTF-8 named by line and column, as every command names them

@@ -21,6 +21,9 @@ def model_tune_cmd(
     seconds: float | None = typer.Option(None, "--seconds", callback=_positive_seconds, help="wall-clock limit for the search"),
     measure_top: int = typer.Option(0, "--measure-top", min=0, help="time each tuned root's K best predicted plans inside the model (IREE's profiler) beside IREE's default build, then the whole model with the spec"),
     seed: int = typer.Option(0, "--seed"),
+    shape_hint: list[str] = typer.Option([], "--shape-hint", help="sizes for a model's dynamic inputs, e.g. arg0=16x512 "
+                                                                  "(argN: the model's N-th input); the spec matches "
+                                                                  "the model so sized, written beside it"),
     store: bool = typer.Option(True, "--store/--no-store", help="keep the run, its spec and its dispatches' "
                                                                  "decisions in the store (DATABASE_URL)"),
     as_json: bool = typer.Option(False, "--json", help="print JSON"),
@@ -35,6 +38,8 @@ def model_tune_cmd(
     from service.hardware.profiles import UnknownHardwareError, get_profile
     from service.ir.errors import IRError
     from service.model_tuning import ModelInputError, SpecNotApplied, tune_model
+    from service.search.errors import ShapeHintError
+    from service.search.shapes import parse_shape_hints
 
     try:
         hw = get_profile(hardware)
@@ -44,7 +49,11 @@ def model_tune_cmd(
         typer.echo(f"error: --hardware {hardware} is not a CPU profile: `model tune` compiles the model for this "
                    f"CPU with IREE and checks the spec there; use host-cpu (or a profile calibrated from it)", err=True)
         raise typer.Exit(2)
-    _writable_spec_path(spec_out)  # before minutes of tuning, not after
+    try:
+        hints = parse_shape_hints(shape_hint)
+    except ShapeHintError as exc:
+        raise _ir_failure(exc) from None
+    _writable_spec_path(spec_out, file)  # before minutes of tuning, not after
     older = spec_out.exists()
     sessions = _store_sessions(skippable=True) if store else None  # before the search: a store that is not ready costs nothing
     columns = (TextColumn("tuning {task.fields[dispatch]}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
@@ -56,8 +65,8 @@ def model_tune_cmd(
 
         try:
             report = tune_model(file, hw, spec_out, budget=budget, seconds=seconds, seed=seed,
-                                measure_top=measure_top, progress=progress)
-        except (ModelInputError, IRError) as exc:
+                                measure_top=measure_top, progress=progress, shape_hints=hints or None)
+        except (ModelInputError, IRError, ShapeHintError) as exc:
             raise _ir_failure(exc) from None
         except SpecNotApplied as exc:
             typer.echo(f"error: {exc}", err=True)
@@ -66,7 +75,8 @@ def model_tune_cmd(
     if sessions is not None:
         from service.model_tuning.runs import store_model_run
 
-        options = {"budget": budget, "seconds": seconds, "seed": seed, "measure_top": measure_top}
+        options = {"budget": budget, "seconds": seconds, "seed": seed, "measure_top": measure_top,
+                   **({"shape_hints": hints} if hints else {})}
         run_id = store_model_run(sessions, file.read_bytes(), file.name.split(".")[0], hw, report, options)
     if as_json:
         typer.echo(json.dumps(report.summary() | {"run_id": run_id}, indent=2))
@@ -85,6 +95,9 @@ def model_tune_cmd(
     if report.spec:
         checked = "IREE applied it to every tuned dispatch" if report.verified else "not checked against IREE's configurations"
         typer.echo(f"wrote {report.spec} ({checked}); predicted {report.predicted_total_s * 1e3:.3f} ms for the tuned dispatches")
+        if report.static_model:
+            typer.echo(f"wrote {report.static_model}, the model with its inputs sized as hinted: the spec matches its "
+                       "dispatches, so compile (and `model bench`) that model with the spec")
     else:
         if any(d.predicted_s is not None for d in report.dispatches):
             typer.echo("no tuned config beat IREE's default (the reasons above): no spec written, IREE's own configs stand")
@@ -92,6 +105,9 @@ def model_tune_cmd(
             typer.echo("nothing to tune: no spec written")
         if older:
             typer.echo(f"removed the older {spec_out}, so that it is not taken for this run's spec")
+    if report.dynamic_inputs:
+        typer.echo(f"still dynamic after the hints: {', '.join(report.dynamic_inputs)}: the dispatches that read them "
+                   "stay IREE's, and `model bench` needs every input sized; give them --shape-hint too")
     if report.measured_model_s is not None and report.iree_default_measured_model_s is not None:
         typer.echo(f"measured inside the model (all dispatches per run): IREE's default "
                    f"{report.iree_default_measured_model_s * 1e3:.3f} ms, with the spec {report.measured_model_s * 1e3:.3f} ms"
@@ -185,6 +201,7 @@ def model_bench_cmd(
     from service.measure.tools import ToolFailure
     from service.model_tuning import ModelInputError, bench_model
 
+    function = function.removeprefix("@") if function else None  # as MLIR prints it, or bare
     try:
         result = bench_model(file, spec, rounds=rounds, function=function)
     except (ModelInputError, ToolFailure) as exc:

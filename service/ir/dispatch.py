@@ -39,6 +39,7 @@ class Dispatch:
     weight: int  # how many times one run of the model dispatches it
     module: str | None  # the dispatch as a plain module over tensors, or None with `reason`
     reason: str | None = None
+    dynamic: bool = False  # it reads sizes or offsets at run time (a model exported with dynamic dims)
 
 
 def _ops(block: ir.Block) -> list[ir.Operation]:
@@ -161,6 +162,12 @@ def _is_elided(op: ir.Operation) -> bool:
     return op.name == "arith.constant" and str(op.attributes["value"]).startswith("dense_resource<__elided__")
 
 
+def _run_time_reads(block: ir.Block) -> list[str]:
+    """The ops of a dispatch over tensors that still read IREE's interface at run time (sizes,
+    offsets): what a dynamic dispatch keeps."""
+    return sorted({op.name for op in _ops(block) if op.name.startswith(("hal.", "iree_tensor_ext."))})
+
+
 def as_tensor_function(dispatch_function: ir.Operation) -> tuple[ir.Module, str | None]:
     """A new module holding the dispatch function over tensors, and why it cannot be searched
     (None when it can). Runs inside the process's context."""
@@ -184,10 +191,11 @@ def as_tensor_function(dispatch_function: ir.Operation) -> tuple[ir.Module, str 
         ir.FunctionType.get([a.type for a in block.arguments], [v.type for v in stored]))
     for name in [n for n in attribute_names(clone) if n not in ("sym_name", "function_type")]:
         del clone.attributes[name]
-    left = sorted({op.name for op in _ops(block) if op.name.startswith(("hal.", "iree_tensor_ext."))})
+    left = _run_time_reads(block)
     if left:
         return module, (f"dynamic: the dispatch reads sizes or offsets at run time ({', '.join(left)}); "
-                        "export the model with static shapes to tune it")
+                        "give the model's dynamic inputs their sizes (`model tune --shape-hint argN=AxB`) or "
+                        "export it with static shapes to tune it")
     if not stored:
         return module, "writes no tensor"
     if any(_is_elided(op) for op in _ops(block)):
@@ -223,5 +231,6 @@ def dispatches_of(executable_sources: str, flow_program: str | None = None) -> l
             if weight and flow_sites[f"@{name}::@{entry}"] == weight:
                 weight = flow_runs[f"@{name}::@{entry}"]
             module, reason = as_tensor_function(function)
-            out.append(Dispatch(name, entry, weight, str(module), reason))
+            dynamic = bool(_run_time_reads(module.body.operations[0].regions[0].blocks[0]))
+            out.append(Dispatch(name, entry, weight, str(module), reason, dynamic))
         return out

@@ -247,17 +247,19 @@ def spec_compile_flags(spec: str | Path) -> list[str]:
     return [f"--iree-codegen-tuning-spec-path={spec}", "--mlir-disable-threading"]
 
 
-def _header() -> str:
+def _header(for_model: str | None) -> str:
     """How to build with the spec: the target flags its configs were chosen and proven under (a
-    config fits the CPU it was tuned on, not another one), then the spec's own flags."""
+    config fits the CPU it was tuned on, not another one), then the spec's own flags; and which
+    model it was tuned for when that is not the model as given."""
     flags = " ".join([*HOST_COMPILE_FLAGS, *spec_compile_flags("THIS_FILE")])
     return (f"// iree-compile MODEL.mlir {flags} -o MODEL.vmfb\n"
-            f"// tuned on {host_key()}; an ONNX model is imported first: iree-import-onnx MODEL.onnx -o MODEL.mlir\n")
+            f"// tuned on {host_key()}; an ONNX model is imported first: iree-import-onnx MODEL.onnx -o MODEL.mlir\n"
+            + (f"// matches {for_model}\n" if for_model else ""))
 
 
-def tuning_spec(matchers: list[RootMatcher]) -> str:
+def tuning_spec(matchers: list[RootMatcher], for_model: str | None = None) -> str:
     """The spec module's text, as MLIR prints it after parsing it, under a comment saying how
-    to compile with it."""
+    to compile with it (and, `for_model`, which model it matches)."""
     if not matchers:
         raise ValueError("a tuning spec with no matcher: IREE requires its entry point to be one foreach_match")
     names = [m.name for m in matchers]
@@ -280,6 +282,6 @@ def tuning_spec(matchers: list[RootMatcher]) -> str:
 """
     with context():
         try:
-            return _header() + str(ir.Module.parse(text))
+            return _header(for_model) + str(ir.Module.parse(text))
         except ir.MLIRError as err:
             raise RuntimeError(f"the tuning spec tilesearch wrote does not parse (a tilesearch bug): {err}\n{text}") from None

@@ -18,7 +18,7 @@ from service.measure.whole_model import (
 )
 
 from .in_model import RESOLVED_P
-from .tune import ModelInputError, importable_model, refused_as
+from .model_input import ModelInputError, importable_model, refused_as
 
 
 class ModelBenchmark(BaseModel):

@@ -25,8 +25,7 @@ from __future__ import annotations
 import statistics
 import tempfile
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 
 from pydantic import BaseModel, Field
@@ -39,7 +38,7 @@ from service.ir.errors import IRError, NotAModelError
 from service.ir.graph import OpGraph, TileableOp
 from service.ir.plan import Plan
 from service.measure.dispatch_profile import DispatchTime
-from service.measure.forcing import NotMeasurable, write_inputs
+from service.measure.forcing import write_inputs
 from service.measure.lowering import convolution_not_configured, iree_configures_convolution, iree_keeps_own_pipeline
 from service.measure.timing import Measurement
 from service.measure.tools import ToolFailure, host_translation_info, iree_version
@@ -52,7 +51,6 @@ from service.measure.whole_model import (
     entry_function,
     executable_sources,
     input_program,
-    iree_input,
     model_arguments,
 )
 from service.search.engine import tune
@@ -64,42 +62,13 @@ from service.search.results import TuneResult
 from service.search.task_scheduler import TaskState, schedule
 
 from .in_model import RootUnderTest, confirm_in_model, time_in_model, whole_build_choice, whole_model_shortfall
+from .model_input import ModelInputError, check_model_file, importable_model, refused_as
+from .static_shapes import all_dynamic_message, copy_model, hints_shown, remove_model, static_model, static_model_name
 
 ProgressFn = Callable[[str, int, int], None]  # (dispatch name, slices done, slices in all)
 _UNTIMED_MEASURED_ONLY = ("no plan of this dispatch could be timed inside the model, and its config ships only when "
                           "measured faster; IREE's own config is kept")
 _SLICE = 32  # evaluations per scheduler slice
-
-
-class ModelInputError(Exception):
-    """The input is not a model IREE can form dispatches for; the message says what to fix."""
-
-
-@contextmanager
-def refused_as(message: str) -> Iterator[None]:
-    """An IREE tool failing inside (or inputs it cannot be given) becomes the caller's
-    ModelInputError: `message`: the tool's first error line (or why)."""
-    try:
-        yield
-    except ToolFailure as failure:
-        raise ModelInputError(f"{message}: {failure.line}") from None
-    except NotMeasurable as refused:
-        raise ModelInputError(f"{message}: {refused.reason}") from None
-
-
-MODEL_SUFFIXES = (".mlir", ".mlirbc", ".onnx")
-
-
-def importable_model(model: Path, workdir: Path) -> Path:
-    """`model` as iree-compile takes it (ONNX imported into `workdir`); ModelInputError for a
-    file that cannot be a model, or with the importer's reason when it refuses the file."""
-    if model.suffix.lower() not in MODEL_SUFFIXES:
-        raise ModelInputError(f"{model.name}: a model is MLIR ({', '.join(MODEL_SUFFIXES[:2])}) or ONNX (.onnx), "
-                              "by its file name's suffix")
-    if model.stat().st_size == 0:
-        raise ModelInputError(f"{model.name} is empty")
-    with refused_as(f"IREE cannot import {model.name}"):
-        return iree_input(model, workdir)
 
 
 class SpecNotApplied(Exception):
@@ -123,6 +92,7 @@ class DispatchReport(BaseModel):
                                                                 "applies to, timed inside the model")
     iree_default_measured_s: float | None = Field(default=None, description="--measure-top: IREE's default, timed alike")
     evaluations: int = 0
+    dynamic: bool = Field(default=False, exclude=True, description="left to IREE for its dynamic shapes")
 
 
 class DispatchSearch(BaseModel):
@@ -149,6 +119,11 @@ class ModelTuneReport(BaseModel):
     hardware: str
     dispatches: list[DispatchReport]
     spec: str | None = Field(description="path of the tuning spec written (None: nothing was tuned)")
+    static_model: str | None = Field(default=None, description="--shape-hint: the model with its inputs sized as "
+                                                               "hinted, written beside the spec: the spec matches "
+                                                               "its dispatches, so compile it with the spec")
+    dynamic_inputs: list[str] = Field(default_factory=list, description="--shape-hint: the model's inputs still "
+                                                                         "dynamic after the hints")
     predicted_total_s: float = Field(description="sum over tuned dispatches of weight x predicted seconds")
     verified: bool = Field(description="IREE applied the spec's config to every tuned root and nothing else")
     iree_default_measured_model_s: float | None = Field(
@@ -168,7 +143,8 @@ class ModelTuneReport(BaseModel):
                                                      "predicted_s", "config", "iree_default", "iree_default_predicted_s",
                                                      "measured_s", "iree_default_measured_s", "evaluations"})
                                for d in self.dispatches],
-                "spec": self.spec, "verified": self.verified,
+                "spec": self.spec, "static_model": self.static_model, "dynamic_inputs": self.dynamic_inputs,
+                "verified": self.verified,
                 "predicted_total_s": self.predicted_total_s if any(d.tuned for d in self.dispatches) else None,
                 "elapsed_s": self.elapsed_s,
                 "iree_default_measured_model_s": self.iree_default_measured_model_s,
@@ -203,7 +179,7 @@ class _Candidate:
 
 def _classify(dispatch: Dispatch) -> tuple[_Candidate | None, DispatchReport]:
     report = DispatchReport(name=dispatch.entry, fingerprint=None, weight=dispatch.weight, root_op=None, tuned=False,
-                            reason=dispatch.reason, predicted_s=None, config=None)
+                            reason=dispatch.reason, predicted_s=None, config=None, dynamic=dispatch.dynamic)
     if dispatch.reason is not None or dispatch.module is None:
         return None, report
     try:
@@ -237,7 +213,9 @@ def _classify(dispatch: Dispatch) -> tuple[_Candidate | None, DispatchReport]:
         report.root_op = root.name
         report.reason = iree_keeps_own_pipeline(root)
     if report.reason is None and not graph.has_static_shapes():
-        report.reason = "dynamic shapes"
+        report.dynamic = True
+        report.reason = ("dynamic shapes: give the model's dynamic inputs their sizes with --shape-hint argN=AxB "
+                         "(the spec then matches the model with those sizes)")
     if report.reason is not None:
         return None, report
     return _Candidate(dispatch, graph, root, analysis.fingerprint), report
@@ -507,15 +485,25 @@ def _search_record(c: _Candidate, measure_top: int) -> DispatchSearch:
 
 def tune_model(model: Path, hardware: HardwareModel, spec_out: Path, *, budget: int | None = None,
                seconds: float | None = None, seed: int = 0, measure_top: int = 0, verify: bool = True,
-               progress: ProgressFn | None = None) -> ModelTuneReport:
+               progress: ProgressFn | None = None, shape_hints: dict[str, list[int]] | None = None) -> ModelTuneReport:
     """Tune every dispatch of `model` IREE forms for this CPU and write one tuning spec.
     A dispatch ships its tuned config only when it beats IREE's default by the guard's margin
     (predicted; with measure_top K, measured: its K best predicted plans timed beside IREE's
-    default)."""
+    default). shape_hints size a model's dynamic inputs (static_shapes): the spec matches the
+    model with those sizes, which is written beside the spec."""
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="tilesearch-model-") as tmp:
         workdir = Path(tmp)
-        model = importable_model(model, workdir)
+        check_model_file(model)
+        source = model
+        if spec_out.resolve() == model.resolve():
+            raise ModelInputError(f"--spec-out {spec_out} is the model itself: name the spec otherwise")
+        static_out = spec_out.with_name(static_model_name(spec_out, model)) if shape_hints else None
+        if static_out is not None and static_out.resolve() == model.resolve():
+            raise ModelInputError(f"the model sized by the hints is written to {static_out.name}, the model itself: "
+                                  "name the spec otherwise")
+        static, still_dynamic = static_model(model, shape_hints, workdir) if shape_hints else (None, None)
+        model = importable_model(static or model, workdir)
         dispatches = _dispatches(model, workdir)
         classified = [_classify(d) for d in dispatches]
         for c, report in classified:
@@ -523,6 +511,9 @@ def tune_model(model: Path, hardware: HardwareModel, spec_out: Path, *, budget: 
                 report.reason = unmeasured_reason(why, "inside the model (--measure-top K)")  # not searched: nothing would ship
         candidates = [c for c, r in classified if c is not None and r.reason is None]
         reports = [r for _, r in classified]
+        dynamic = [r.name for r in reports if r.dynamic]
+        if dynamic and not candidates:
+            raise ModelInputError(all_dynamic_message(source, dynamic, len(reports), still_dynamic, bool(shape_hints)))
         default = _default_build(model, candidates, workdir) if candidates else {}
         total = budget if budget is not None else 64 * max(1, len(candidates))
         if candidates:
@@ -583,9 +574,12 @@ def tune_model(model: Path, hardware: HardwareModel, spec_out: Path, *, budget: 
             tuned[c.dispatch.entry] = (c, matcher.lowering_config)
             searches.append(_search_record(c, measure_top))
         if matchers:
-            spec_out.write_text(tuning_spec(list(matchers.values())))
-        else:  # an older spec left at the path would be taken for this run's
+            for_model = f"the model with its inputs sized {hints_shown(shape_hints)}: {static_out.name}" if static_out else None
+            spec_out.write_text(tuning_spec(list(matchers.values()), for_model=for_model))
+        else:  # an older spec (and the model sized for it) left at the path would be taken for this run's
             spec_out.unlink(missing_ok=True)
+            if static_out is not None:
+                remove_model(static_out)
         try:
             problems = _verify(model, spec_out, tuned, reports, default, workdir) if verify and tuned else []
         except ToolFailure as failure:
@@ -603,10 +597,14 @@ def tune_model(model: Path, hardware: HardwareModel, spec_out: Path, *, budget: 
             if shortfall is not None:
                 _withdraw(reports, searches, matchers, spec_out, shortfall)
                 tuned = {}
+        if static is not None and static_out is not None and matchers:
+            copy_model(static, static_out)
     predicted = sum(r.weight * (r.predicted_s or 0.0) for r in reports if r.tuned)
     stored = {x.name for x in searches}
     return ModelTuneReport(model=str(model), hardware=hardware.name, dispatches=reports,
                            spec=str(spec_out) if matchers else None,
+                           static_model=str(static_out) if static_out is not None and matchers else None,
+                           dynamic_inputs=[f"{a.name} ({a.type})" for a in still_dynamic or []],
                            predicted_total_s=predicted, verified=verify and bool(tuned) and not problems,
                            iree_default_measured_model_s=measured_model.default_median_s if measured_model else None,
                            measured_model_s=measured_model.tuned_median_s if measured_model else None,

@@ -12,7 +12,7 @@ from service.api.deps import DbSession, TokenAuth
 from service.api.job_schemas import ItemOut, ItemPage, JobAccepted, JobOut, JobPage, JobRequest, counts
 from service.api.schemas import ErrorBody
 from service.jobs.service import JobFinished, JobService, NoSpec, NoSpecYet, NothingToRetry
-from service.model_tuning.tune import ModelInputError
+from service.model_tuning.model_input import ModelInputError
 from service.store import jobs
 from service.store.models import ItemState
 from service.store.query import DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE

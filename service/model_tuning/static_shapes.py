@@ -1,0 +1,224 @@
+"""A model exported with dynamic dims, given static input shapes by shape hints.
+
+IREE forms a static dispatch only where every size is known, and a tuning spec's matchers check
+static dims, so a model whose batch or sequence length is left open is tuned for the sizes the
+user names (`--shape-hint arg0=16x512`, as `tilesearch tune` names arguments) and the spec
+matches the model with those sizes, which is written beside the spec to compile with it.
+- MLIR (linalg on tensors): the public functions' hinted arguments take the static type
+  (service.ir.specialize).
+- ONNX: the graph's hinted inputs take the sizes before import, and so does every input dim
+  named like a hinted one (an attention mask's [batch, seq] with the input ids'); iree-import-onnx
+  runs ONNX's shape inference, which carries them through the graph.
+- Torch dialect written by hand or by iree-turbine: refused, with what to give instead.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import onnx
+
+from service.ir.errors import FrontendDialectError, IRError
+from service.ir.hints import hint_for
+from service.ir.mlir import context, ir
+from service.ir.parse import check_tensor_semantics, parse_module
+from service.ir.sandbox import Sandbox
+from service.ir.specialize import public_functions, specialize_arguments
+from service.search.errors import ShapeHintError
+from service.search.shapes import Argument, check_hints_agree, check_shape_hints
+
+ONNX_SUFFIX = ".onnx"
+# Parsing a model with its weights inline takes seconds to minutes (DistilBERT's 150 MB: 87 s).
+_PARSE_TIMEOUT_S = 600.0
+_PROTOBUF_LIMIT = 2_000_000_000  # bytes: one protobuf message holds at most 2 GB
+
+
+def static_model(model: Path, hints: dict[str, list[int]], workdir: Path) -> tuple[Path, list[Argument]]:
+    """`model` with the hinted inputs' dynamic dims set, written into `workdir`, and the inputs
+    still dynamic after it (ShapeHintError when a hint does not fit an input, saying which inputs
+    there are)."""
+    out = workdir / "static" / static_model_name(model, model)
+    out.parent.mkdir(exist_ok=True)
+    if model.suffix.lower() == ONNX_SUFFIX:
+        return out, _static_onnx(model, hints, out)
+    with Sandbox(workers=1) as sandbox:  # MLIR's C++ may abort on what a user gives it
+        text, still_dynamic = sandbox.run(static_mlir_text, model.read_bytes(), model.name, hints,
+                                          timeout=_PARSE_TIMEOUT_S)
+    out.write_text(text)
+    return out, still_dynamic
+
+
+def static_model_name(spec: Path, model: Path) -> str:
+    """What the model sized for a spec is called beside it: `enc.model.onnx` for the spec
+    `enc.mlir` of an ONNX model, `enc.model.mlir` for an MLIR one (bytecode is written back as text)."""
+    suffix = ONNX_SUFFIX if model.suffix.lower() == ONNX_SUFFIX else ".mlir"
+    return f"{spec.stem}.model{suffix}"
+
+
+def dynamic_inputs(model: Path) -> list[Argument] | None:
+    """The model's inputs with dynamic dims, as shape hints name them (None: a torch-dialect
+    program, whose inputs hints cannot size; [] when the file cannot be read for them)."""
+    try:
+        if model.suffix.lower() == ONNX_SUFFIX:
+            arguments = onnx_arguments(onnx.load(str(model), load_external_data=False).graph)
+        else:
+            with Sandbox(workers=1) as sandbox:
+                arguments = sandbox.run(mlir_arguments, model.read_bytes(), timeout=_PARSE_TIMEOUT_S)
+    except Exception:  # noqa: BLE001 - only for a message: IREE has already read the model, this reader may not
+        return []
+    return None if arguments is None else [a for a in arguments if a.dynamic_dims]
+
+
+def hint_example(arguments: list[Argument]) -> str:
+    """`--shape-hint arg0=1x512 --shape-hint arg1=...` for these inputs: 1 for each open dim."""
+    return " ".join(f"--shape-hint {a.name}=" + "x".join(str(s or 1) for s in a.shape or ()) for a in arguments)
+
+
+def inputs_shown(arguments: list[Argument]) -> str:
+    return ", ".join(f"{a.name} ({a.type})" for a in arguments)
+
+
+def mlir_arguments(source: bytes) -> list[Argument] | None:
+    """The public functions' arguments of MLIR model text (None: torch dialect); a sandbox task."""
+    with context():
+        module = parse_module(source)
+        return _arguments(module) if not _is_framework(module) else None
+
+
+def static_mlir_text(source: bytes, name: str, hints: dict[str, list[int]]) -> tuple[str, list[Argument]]:
+    """MLIR model text `source` (called `name`) with its public functions' hinted arguments
+    given static shapes, and the arguments still dynamic (a sandbox task: bytes in, text out)."""
+    with context():
+        module = parse_module(source)  # its own IRError: line, column, message
+        if (framework := _is_framework(module)) is not None:
+            raise ShapeHintError(f"{name} is a framework's program ({framework} is torch dialect): shape "
+                                 "hints size the inputs of linalg on tensors or of an ONNX graph. Give the ONNX "
+                                 "export, or export the model with static shapes")
+        check_shape_hints(hints, _arguments(module))
+        check_hints_agree(module, hints)
+        specialize_arguments(module, hints)
+        return str(module), [a for a in _arguments(module) if a.dynamic_dims]
+
+
+def _is_framework(module: ir.Module) -> str | None:
+    """Where a torch-dialect op is (a framework's program), or None."""
+    try:
+        check_tensor_semantics(module)
+    except FrontendDialectError as err:
+        return err.op_where
+    except IRError:
+        pass  # not this step's to refuse: IREE says what it cannot compile
+    return None
+
+
+def _arguments(module: ir.Module) -> list[Argument]:
+    return [_argument(name, i, a.type) for name, f in public_functions(module)
+            for i, a in enumerate(f.regions[0].blocks[0].arguments)]
+
+
+def _argument(func: str, index: int, t: ir.Type) -> Argument:
+    shape = None
+    if isinstance(t, ir.RankedTensorType):
+        ranked = ir.RankedTensorType(t)
+        shape = tuple(None if ranked.is_dynamic_dim(d) else ranked.get_dim_size(d) for d in range(ranked.rank))
+    return Argument(f"arg{index}", index, func, str(t), shape)
+
+
+def _inputs(graph: onnx.GraphProto) -> list[onnx.ValueInfoProto]:
+    """The graph's inputs as iree-import-onnx makes them function arguments: initializers are
+    weights, not arguments."""
+    weights = {init.name for init in graph.initializer}
+    return [v for v in graph.input if v.name not in weights]
+
+
+def onnx_arguments(graph: onnx.GraphProto) -> list[Argument]:
+    """The graph's inputs, named argN in order, their open dims shown by name (`x: FLOAT[batch,512]`)."""
+    out = []
+    for index, value in enumerate(_inputs(graph)):
+        tensor = value.type.tensor_type
+        dims = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None for d in tensor.shape.dim]
+        named = ",".join(str(d) if d is not None else (tensor.shape.dim[i].dim_param or "?") for i, d in enumerate(dims))
+        dtype = onnx.TensorProto.DataType.Name(tensor.elem_type)
+        out.append(Argument(f"arg{index}", index, graph.name or "main_graph", f"{value.name}: {dtype}[{named}]",
+                            tuple(dims) if tensor.HasField("shape") else None))
+    return out
+
+
+def _named_sizes(arguments: list[Argument], inputs: list[onnx.ValueInfoProto],
+                 hints: dict[str, list[int]]) -> dict[str, int]:
+    """The size each named open dim (`batch`, `seq`) takes from the hints; ShapeHintError when
+    two hints give one name two sizes."""
+    sizes: dict[str, tuple[int, str]] = {}
+    for arg, value in zip(arguments, inputs):
+        hint = hint_for(hints, arg.func, arg.index)
+        for d, (dim, size) in enumerate(zip(value.type.tensor_type.shape.dim, hint or ())):
+            if not dim.dim_param:
+                continue
+            first = sizes.setdefault(dim.dim_param, (size, f"dim {d} of {arg.name}"))
+            if first[0] != size:
+                raise ShapeHintError(f"shape hints disagree: {first[1]} and dim {d} of {arg.name} are both "
+                                     f"'{dim.dim_param}' in the model, given {first[0]} and {size}; give them one size")
+    return {name: size for name, (size, _) in sizes.items()}
+
+
+def _static_onnx(model: Path, hints: dict[str, list[int]], out: Path) -> list[Argument]:
+    try:
+        proto = onnx.load(str(model))
+    except Exception as err:  # noqa: BLE001 - protobuf's and onnx's own errors: the file is not ONNX
+        raise ShapeHintError(f"{model.name} does not load as ONNX, so its inputs cannot be sized: {err}") from None
+    arguments, inputs = onnx_arguments(proto.graph), _inputs(proto.graph)
+    check_shape_hints(hints, arguments)
+    named = _named_sizes(arguments, inputs, hints)
+    for arg, value in zip(arguments, inputs):
+        hint = hint_for(hints, arg.func, arg.index)
+        for d, dim in enumerate(value.type.tensor_type.shape.dim):
+            size = hint[d] if hint is not None else named.get(dim.dim_param) if dim.dim_param else None
+            if size is not None:
+                dim.dim_value = size  # clears a symbolic dim_param (a oneof)
+    # Shapes stored for the graph's values were inferred with the dims open: the importer infers
+    # them again from the sized inputs.
+    del proto.graph.value_info[:]
+    external = proto.ByteSize() > _PROTOBUF_LIMIT
+    onnx.save(proto, str(out), save_as_external_data=external, location=_external_data(out).name if external else None)
+    return [a for a in onnx_arguments(proto.graph) if a.dynamic_dims]
+
+
+def _external_data(model: Path) -> Path:
+    """Where a static ONNX model too large for one protobuf keeps its weights."""
+    return model.with_name(model.name + ".data")
+
+
+def copy_model(static: Path, out: Path) -> None:
+    """The static model (and an ONNX model's external weights) copied to `out`."""
+    shutil.copyfile(static, out)
+    if _external_data(static).exists():
+        shutil.copyfile(_external_data(static), _external_data(out))
+
+
+def remove_model(out: Path) -> None:
+    """An older run's sized model at `out` (and its external weights), so it is not taken for this run's."""
+    out.unlink(missing_ok=True)
+    _external_data(out).unlink(missing_ok=True)
+
+
+def all_dynamic_message(model: Path, dynamic: list[str], formed: int, still_dynamic: list[Argument] | None,
+                        hinted: bool) -> str:
+    """Why nothing in the model can be tuned: its dispatches are dynamic; which inputs to size."""
+    which = (f"every dispatch IREE formed from {model.name} has" if len(dynamic) == formed else
+             f"{len(dynamic)} of the {formed} dispatches IREE formed from {model.name} have")
+    listed = f"{', '.join(dynamic[:3])}{', ...' if len(dynamic) > 3 else ''}"
+    inputs = still_dynamic if hinted else dynamic_inputs(model)
+    if inputs is None:
+        what = ("it is a torch-dialect program, whose inputs shape hints cannot size: export it with static shapes, "
+                "or give its ONNX export")
+    elif inputs:
+        what = (f"{'still ' if hinted else ''}dynamic: {inputs_shown(inputs)}; give them sizes, e.g. {hint_example(inputs)} "
+                "(argN: the model's N-th input)")
+    else:
+        what = "give the model's dynamic inputs their sizes with --shape-hint argN=AxB (argN: its N-th input)"
+    return f"{which} dynamic shapes ({listed}), and nothing else tunes: {what}"
+
+
+def hints_shown(hints: dict[str, list[int]] | None) -> str:
+    return " ".join(f"{name}={'x'.join(map(str, sizes))}" for name, sizes in (hints or {}).items())
