@@ -16,7 +16,7 @@ from _shared import needs_avx512
 from service.cli import app
 from service.ir.mlir import context, ir
 from service.ir.parse import parse_module
-from service.model_tuning.static_shapes import onnx_arguments, static_mlir_text, static_model
+from service.model_tuning.static_shapes import by_input_name, onnx_arguments, static_mlir_text, static_model
 from service.search.errors import ShapeHintError
 
 # A batch left open: every size of the MLP's two matmuls but the rows is fixed.
@@ -139,6 +139,12 @@ def test_one_hint_sizes_every_onnx_input_dim_of_the_same_name_and_two_sizes_for_
     assert sized == [[2, 16], [2, 16]] and still_dynamic == []
     with pytest.raises(ShapeHintError, match=r"dim 0 of arg0 and dim 0 of arg1 are both 'batch' in the model, given 2 and 4"):
         static_model(model, {"arg0": [2, 16], "arg1": [4, 16]}, tmp_path)
+
+
+def test_an_onnx_input_is_hinted_by_its_own_name_too(tmp_path):
+    model = _two_input_onnx(tmp_path / "ids.onnx")
+    assert by_input_name(model, ["mask=2x16", "arg0=2x16", "nope=3"]) == ["arg1=2x16", "arg0=2x16", "nope=3"]
+    assert by_input_name(tmp_path / "m.mlir", ["mask=2x16"]) == ["mask=2x16"]  # MLIR arguments have no names
 
 
 @pytest.mark.slow

@@ -22,8 +22,9 @@ def model_tune_cmd(
     measure_top: int = typer.Option(0, "--measure-top", min=0, help="time each tuned root's K best predicted plans inside the model (IREE's profiler) beside IREE's default build, then the whole model with the spec"),
     seed: int = typer.Option(0, "--seed"),
     shape_hint: list[str] = typer.Option([], "--shape-hint", help="sizes for a model's dynamic inputs, e.g. arg0=16x512 "
-                                                                  "(argN: the model's N-th input); the spec matches "
-                                                                  "the model so sized, written beside it"),
+                                                                  "(argN: the model's N-th input; an ONNX input also by "
+                                                                  "its name); the spec matches the model so sized, "
+                                                                  "written beside it"),
     store: bool = typer.Option(True, "--store/--no-store", help="keep the run, its spec and its dispatches' "
                                                                  "decisions in the store (DATABASE_URL)"),
     as_json: bool = typer.Option(False, "--json", help="print JSON"),
@@ -38,6 +39,7 @@ def model_tune_cmd(
     from service.hardware.profiles import UnknownHardwareError, get_profile
     from service.ir.errors import IRError
     from service.model_tuning import ModelInputError, SpecNotApplied, tune_model
+    from service.model_tuning.static_shapes import by_input_name
     from service.search.errors import ShapeHintError
     from service.search.shapes import parse_shape_hints
 
@@ -50,7 +52,7 @@ def model_tune_cmd(
                    f"CPU with IREE and checks the spec there; use host-cpu (or a profile calibrated from it)", err=True)
         raise typer.Exit(2)
     try:
-        hints = parse_shape_hints(shape_hint)
+        hints = parse_shape_hints(by_input_name(file, shape_hint))
     except ShapeHintError as exc:
         raise _ir_failure(exc) from None
     _writable_spec_path(spec_out, file)  # before minutes of tuning, not after

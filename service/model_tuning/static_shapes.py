@@ -20,7 +20,7 @@ from pathlib import Path
 import onnx
 
 from service.ir.errors import FrontendDialectError, IRError
-from service.ir.hints import hint_for
+from service.ir.hints import hint_for, split_hint_key
 from service.ir.mlir import context, ir
 from service.ir.parse import check_tensor_semantics, parse_module
 from service.ir.sandbox import Sandbox
@@ -142,6 +142,23 @@ def onnx_arguments(graph: onnx.GraphProto) -> list[Argument]:
         dtype = onnx.TensorProto.DataType.Name(tensor.elem_type)
         out.append(Argument(f"arg{index}", index, graph.name or "main_graph", f"{value.name}: {dtype}[{named}]",
                             tuple(dims) if tensor.HasField("shape") else None))
+    return out
+
+
+def by_input_name(model: Path, items: list[str]) -> list[str]:
+    """CLI hints as written for an ONNX model, its graph inputs' own names (`input_ids=8x128`)
+    rewritten to the argN they are; every other item as written (argN keeps its meaning)."""
+    if model.suffix.lower() != ONNX_SUFFIX or not items:
+        return items
+    try:
+        inputs = {v.name: i for i, v in enumerate(_inputs(onnx.load(str(model), load_external_data=False).graph))}
+    except Exception:  # noqa: BLE001 - the file's own errors come from the importer, with its reason
+        return items
+    out = []
+    for item in items:
+        name, eq, sizes = item.partition("=")
+        index = inputs.get(name.strip()) if eq and not split_hint_key(name.strip()) else None
+        out.append(item if index is None else f"arg{index}={sizes}")
     return out
 
 
