@@ -34,6 +34,7 @@ def specialize_arguments(module: ir.Module, hints: Mapping[str, Sequence[int]]) 
     with context(), ir.Location.unknown():
         for name, function in public_functions(module):
             block = function.regions[0].blocks[0]
+            before = len(changed)
             for index, argument in enumerate(block.arguments):
                 hint = hint_for(hints, name, index)
                 if hint is None or not isinstance(argument.type, ir.RankedTensorType):
@@ -48,7 +49,7 @@ def specialize_arguments(module: ir.Module, hints: Mapping[str, Sequence[int]]) 
                 cast = tensor.CastOp(dynamic, argument, ip=ir.InsertionPoint.at_block_begin(block))
                 argument.replace_all_uses_except(cast.result, cast.operation)
                 changed.append(f"@{name}.arg{index}: {dynamic} -> {static}")
-            if changed:
+            if len(changed) > before:
                 _retype(function, block)
     return changed
 

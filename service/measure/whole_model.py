@@ -17,6 +17,7 @@ from pathlib import Path
 
 from service.ir.graph import walk_ops
 from service.ir.mlir import context, ir
+from service.ir.specialize import is_public
 
 from .forcing import ArgumentSpec, write_inputs
 from .rounds import round_order
@@ -141,7 +142,7 @@ def entry_function(input_text: str) -> str:
     with context():
         module = ir.Module.parse(input_text)
         public = [_symbol(f) for f in _walk(module.operation, lambda o: o.name in ("util.func", "func.func"))
-                  if "sym_visibility" not in f.attributes or ir.StringAttr(f.attributes["sym_visibility"]).value == "public"]
+                  if is_public(f)]
     names = [n for n in public if not n.endswith("$async")]
     if len(names) == 1:
         return names[0]

@@ -26,7 +26,7 @@ from service.ir.parse import check_tensor_semantics, parse_module
 from service.ir.sandbox import Sandbox
 from service.ir.specialize import public_functions, specialize_arguments
 from service.search.errors import ShapeHintError
-from service.search.shapes import Argument, check_hints_agree, check_shape_hints
+from service.search.shapes import Argument, check_hints_agree, check_shape_hints, function_arguments
 
 ONNX_SUFFIX = ".onnx"
 # Parsing a model with its weights inline takes seconds to minutes (DistilBERT's 150 MB: 87 s).
@@ -113,16 +113,9 @@ def _is_framework(module: ir.Module) -> str | None:
 
 
 def _arguments(module: ir.Module) -> list[Argument]:
-    return [_argument(name, i, a.type) for name, f in public_functions(module)
-            for i, a in enumerate(f.regions[0].blocks[0].arguments)]
-
-
-def _argument(func: str, index: int, t: ir.Type) -> Argument:
-    shape = None
-    if isinstance(t, ir.RankedTensorType):
-        ranked = ir.RankedTensorType(t)
-        shape = tuple(None if ranked.is_dynamic_dim(d) else ranked.get_dim_size(d) for d in range(ranked.rank))
-    return Argument(f"arg{index}", index, func, str(t), shape)
+    """The public functions' arguments (a model's inputs), as hints name them."""
+    public = {name for name, _ in public_functions(module)}
+    return [a for a in function_arguments(module) if a.func in public]
 
 
 def _inputs(graph: onnx.GraphProto) -> list[onnx.ValueInfoProto]:
