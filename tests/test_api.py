@@ -209,6 +209,29 @@ def test_a_model_job_from_dispatches_formed_on_the_client(migrated_url):
         assert "not a CPU profile" in refused(hardware="gpu-h100")
 
 
+def test_a_model_job_with_dynamic_inputs_names_the_hints_and_with_them_tunes_the_sized_dispatches(migrated_url):
+    from test_model_static_shapes import DYNAMIC_MLP
+
+    with _client(migrated_url) as client:
+        body = {"model": DYNAMIC_MLP, "hardware": "host-cpu", "budget": 2}
+        plain = client.post("/v1/jobs", json=body)
+        assert plain.status_code == 422, plain.text
+        message = plain.json()["detail"]["message"]
+        assert "every dispatch IREE formed from the model has dynamic shapes" in message
+        assert 'arg0 (tensor<?x64xf32>); give them sizes, e.g. "shape_hints": {"arg0": [1, 64]}' in message
+        accepted = client.post("/v1/jobs", json={**body, "shape_hints": {"arg0": [16, 64]}})
+        assert accepted.status_code == 202, accepted.text
+        job = client.get(f"/v1/jobs/{accepted.json()['id']}").json()
+        names = sorted(i["name"].rsplit("_", 2)[-2] for i in job["items_detail"])
+        assert names == ["16x128x64", "16x64x128"], names  # IREE formed static dispatches of the sized rows
+        assert job["options"]["shape_hints"] == {"arg0": [16, 64]}
+        bad = client.post("/v1/jobs", json={**body, "shape_hints": {"arg0": [16]}})
+        assert bad.status_code == 422 and "give 2 dims" in bad.text
+        items = client.post("/v1/jobs", json={"items": [{"name": "a", "module": MATMUL_100}], "hardware": "host-cpu",
+                                               "shape_hints": {"arg0": [16, 64]}})
+        assert items.status_code == 422 and "give each item its own" in items.text
+
+
 def test_hardware_endpoints(migrated_url):
     with _client(migrated_url) as client:
         names = [h["name"] for h in client.get("/v1/hardware").json()["items"]]

@@ -56,3 +56,27 @@ func.func @main(%x: tensor<64xf32>) -> tensor<64xf32> {
                        cwd=tmp_path)
     assert code == 2, stderr
     assert "model.mlir has no dispatch tilesearch tunes" in stderr and "cannot reach" not in stderr
+
+
+def test_a_model_with_dynamic_inputs_is_submitted_sized_by_its_shape_hints(tmp_path: Path) -> None:
+    from test_model_static_shapes import DYNAMIC_MLP
+
+    model = tmp_path / "mlp.mlir"
+    model.write_text(DYNAMIC_MLP)
+    code, stderr = cli("job", "submit", str(model), "--hardware", "host-cpu", "--server", "http://127.0.0.1:9",
+                       cwd=tmp_path)
+    # Refused before any request, naming the inputs to size and the flag that sizes them.
+    assert code == 2 and "every dispatch IREE formed from mlp.mlir has dynamic shapes" in stderr, stderr
+    assert "--shape-hint arg0=1x64" in stderr and "cannot reach" not in stderr
+    with _serve(tmp_path, migrated=True) as base:
+        code, stderr = cli("job", "submit", str(model), "--hardware", "host-cpu", "--budget", "2", "--server", base,
+                           "--shape-hint", "arg0=16x64", cwd=tmp_path)
+        assert code == 0, stderr
+        sized = tmp_path / "mlp.sized.mlir"
+        assert f"wrote {sized.name}" in stderr and "tensor<16x64xf32>" in sized.read_text()
+        job = httpx.get(f"{base}/v1/jobs/{stderr.split('job ')[-1].split(':')[0]}", timeout=30).json()
+        assert job["options"]["shape_hints"] == {"arg0": [16, 64]}
+        assert sorted(i["name"].rsplit("_", 2)[-2] for i in job["items_detail"]) == ["16x128x64", "16x64x128"]
+    code, stderr = cli("job", "submit", str(tmp_path), "--hardware", "host-cpu", "--shape-hint", "arg0=16x64",
+                       "--server", "http://127.0.0.1:9", cwd=tmp_path)
+    assert code == 2 and "a directory's modules are tuned as written" in stderr, stderr

@@ -316,6 +316,10 @@ def test_a_jobs_merged_spec_says_which_items_it_leaves_out():
     _, left_out = merged_spec([("layer 1", static, plan(static), None), ("kept", static, {"groups": []}, kept)],
                               host_cpu=False)
     assert left_out == [f"item 'kept': {kept}"]
+    # A job over a model sized by shape hints: its spec says which sizes it matches.
+    sized, _ = merged_spec([("layer 1", static, plan(static), None)], host_cpu=False, shape_hints={"arg0": [16, 64]})
+    assert "// matches the model with its inputs sized arg0=16x64\n" in sized
+    assert "// matches" not in spec
 
 
 def test_matcher_names_must_be_unique():

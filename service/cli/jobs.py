@@ -43,18 +43,31 @@ def job_submit_cmd(
     budget: int = typer.Option(64, "--budget", min=1, help="plans to evaluate per item"),
     seconds: float | None = typer.Option(None, "--seconds", callback=_positive_seconds, help="time limit per item"),
     measure_top: int = typer.Option(0, "--measure-top", min=0, help="time each item's K best plans with IREE"),
+    shape_hint: list[str] = typer.Option([], "--shape-hint", help="a model's dynamic inputs sized, e.g. arg0=16x512 "
+                                                                  "(argN: its N-th input; an ONNX input also by its "
+                                                                  "name): the job's spec matches the model so sized"),
+    sized_model: Path | None = typer.Option(None, "--sized-model", help="with --shape-hint: where the model so sized "
+                                                                        "is written, to compile with the job's spec "
+                                                                        "(default: MODEL.sized.mlir|onnx here)"),
     server: str = _SERVER,
     token: str | None = _TOKEN,
 ) -> None:
     """Queue a job; prints its id (follow it with `tilesearch job watch ID`)."""
     body: dict = {"hardware": hardware, "budget": budget, "seconds": seconds, "measure_top": measure_top}
     if path.is_dir():
+        if shape_hint:
+            raise _ir_failure("--shape-hint sizes a model's inputs; a directory's modules are tuned as written "
+                              "(give them static shapes, or submit the model)")
         files = sorted(path.glob("*.mlir"))
         if not files:
             raise _ir_failure(f"{path} holds no *.mlir file")
         body["items"] = [{"name": f.stem, "module": _read_text(f)} for f in files]
     else:
-        body["dispatches"] = _model_dispatches(path)
+        hints = _model_hints(path, shape_hint)
+        out = (sized_model or Path(_sized_name(path))) if hints else None
+        body["dispatches"] = _model_dispatches(path, hints, out)
+        if hints:
+            body["shape_hints"] = hints
     with server_errors(server), _job_client(server, token) as client:
         answer = client.submit_job(body)
     left = len(body["dispatches"]["left_to_iree"]) if "dispatches" in body else 0
@@ -63,26 +76,61 @@ def job_submit_cmd(
     typer.echo(answer["id"])
 
 
-def _model_dispatches(path: Path) -> dict:
-    """The model's dispatches as IREE forms them here (ONNX imported with IREE's importer first),
-    as the job's "dispatches": a model's weights stay on this machine, whatever their size.
-    Refused as `model tune` refuses the file."""
+def _model_hints(path: Path, items: list[str]) -> dict[str, list[int]]:
+    from service.model_tuning.static_shapes import by_input_name
+    from service.search.errors import ShapeHintError
+    from service.search.shapes import parse_shape_hints
+
+    try:
+        return parse_shape_hints(by_input_name(path, items))
+    except ShapeHintError as exc:
+        raise _ir_failure(exc) from None
+
+
+def _sized_name(model: Path) -> str:
+    from service.model_tuning.static_shapes import ONNX_SUFFIX
+
+    return f"{model.name.split('.')[0]}.sized{ONNX_SUFFIX if model.suffix.lower() == ONNX_SUFFIX else '.mlir'}"
+
+
+def _model_dispatches(path: Path, hints: dict[str, list[int]], sized_out: Path | None) -> dict:
+    """The model's dispatches as IREE forms them here (its dynamic inputs sized by `hints` first,
+    that model written to `sized_out`; ONNX imported with IREE's importer), as the job's
+    "dispatches": a model's weights stay on this machine, whatever their size. Refused as
+    `model tune` refuses the file."""
     import tempfile
 
     from service.jobs.tasks import model_file_items
     from service.model_tuning import ModelInputError
-    from service.model_tuning.model_input import importable_model
+    from service.model_tuning.model_input import check_model_file, importable_model
+    from service.model_tuning.static_shapes import all_dynamic_message, copy_model, dynamic_inputs, static_model
+    from service.search.errors import ShapeHintError
 
     if path.suffix.lower() == ".mlir":
         _read_text(path)  # bytes that are not UTF-8 named by line and column, as every command names them
+    if sized_out is not None and sized_out.resolve() == path.resolve():
+        raise _ir_failure(f"--sized-model {sized_out} is the model itself: name it otherwise")
     typer.echo(f"forming {path.name}'s dispatches with IREE ...", err=True)
     with tempfile.TemporaryDirectory(prefix="tilesearch-job-model-") as tmp:
         try:
-            found = model_file_items(importable_model(path, Path(tmp)), Path(tmp))
-        except ModelInputError as exc:
+            check_model_file(path)
+            static, still_dynamic = static_model(path, hints, Path(tmp)) if hints else (None, None)
+            found = model_file_items(importable_model(static or path, Path(tmp)), Path(tmp))
+            if (dynamic := found.only_dynamic()) is not None:
+                inputs = still_dynamic if hints else dynamic_inputs(path)
+                raise ModelInputError(all_dynamic_message(path.name, dynamic, len(found.left_to_iree), inputs,
+                                                          bool(hints)))
+        except (ModelInputError, ShapeHintError) as exc:
             raise _ir_failure(exc) from None
-    if why := found.why_nothing_to_tune(path.name):  # as the server would refuse it, said before any request
-        raise _ir_failure(why)
+        if why := found.why_nothing_to_tune(path.name):  # as the server would refuse it, said before any request
+            raise _ir_failure(why)
+        if static is not None and sized_out is not None:
+            copy_model(static, sized_out)
+            typer.echo(f"wrote {sized_out}, the model with its inputs sized as hinted: the job's spec matches its "
+                       "dispatches, so compile (and `model bench`) that model with the spec", err=True)
+            if still_dynamic:
+                typer.echo(f"still dynamic after the hints: {', '.join(a.name for a in still_dynamic)}: the "
+                           "dispatches that read them stay IREE's", err=True)
     return found.model_dump(mode="json")
 
 

@@ -37,6 +37,8 @@ class LeftToIree(BaseModel):
     weight: int | None = None
     root_op: str | None = Field(default=None, max_length=200)
     reason: str = Field(max_length=2000)
+    dynamic: bool = Field(default=False, description="its shapes are dynamic: the model's inputs sized by shape hints "
+                                                     "would make it static")
 
 
 class ModelItems(BaseModel):
@@ -46,6 +48,12 @@ class ModelItems(BaseModel):
 
     tunable: list[ModelDispatch] = Field(max_length=MAX_ITEMS)
     left_to_iree: list[LeftToIree] = Field(default_factory=list, max_length=10 * MAX_ITEMS)
+
+    def only_dynamic(self) -> list[str] | None:
+        """The dispatches left to IREE for their dynamic shapes when nothing else tunes (the model
+        needs its inputs sized), else None."""
+        dynamic = [d.name for d in self.left_to_iree if d.dynamic]
+        return dynamic if dynamic and not self.tunable else None
 
     def why_nothing_to_tune(self, model: str) -> str | None:
         """Why a job over `model` (how to name it) has no item, with the first reasons; None when
@@ -69,6 +77,10 @@ class JobRequest(BaseModel):
         default=None, description="a model's dispatches as IREE formed them on the client (`tilesearch job submit "
                                   "MODEL` sends these, so a model's weights never cross the wire): the tunable ones "
                                   "become the items, with their weights")
+    shape_hints: ShapeHints | None = Field(
+        default=None, description='a model\'s dynamic inputs sized, {"arg0": [1, 128]} (argN: its N-th input), as '
+                                  "`model tune --shape-hint` sizes them: the job tunes the model so sized and its spec "
+                                  'matches that model. With "dispatches", the sizes the client gave them (for the spec)')
     hardware: str | HardwareModel = Field(description="a hardware profile name or an inline model")
     # Strict as a tiling request's (service.tiling.request): "5", 1.0 or true is not a budget.
     budget: int = Field(default=64, ge=1, le=5000, strict=True, description="distinct plans to evaluate per item")
@@ -85,6 +97,8 @@ class JobRequest(BaseModel):
         if sum(x is not None for x in (self.items, self.model, self.dispatches)) != 1:
             raise ValueError('give exactly one of "items" (a list of modules), "model" (MLIR text) or "dispatches" '
                              "(a model's dispatches formed by IREE)")
+        if self.shape_hints is not None and self.items is not None:
+            raise ValueError('"shape_hints" size a model\'s inputs: give each item its own "shape_hints" instead')
         if self.items is not None and not self.items:
             raise ValueError('"items" is empty: give at least one module')
         names = ([i.name for i in self.items] if self.items is not None else

@@ -8,6 +8,7 @@ from typing import Protocol
 
 from service.hardware.model import HardwareModel
 from service.hardware.profiles import HOST_CPU, UnknownHardwareError
+from service.search.shapes import parse_shape_hints
 from service.store import decisions, jobs
 from service.store.db import session_scope
 from service.store.models import ItemState, Job
@@ -62,10 +63,11 @@ class JobService:
             if not hardware.is_cpu:
                 raise ValueError(f"hardware {hardware.name} is not a CPU profile: a model job tunes the dispatches IREE "
                                  "forms for its llvm-cpu backend and its spec is that backend's; use host-cpu")
-            found = request.dispatches or rt.sandbox.run(model_items, request.model,
+            hints = parse_shape_hints(request.shape_hints) if request.shape_hints else None
+            found = request.dispatches or rt.sandbox.run(model_items, request.model, hints,
                                                          timeout=rt.settings.request_timeout_s * 5)
             new_items = [jobs.NewItem(d.name, d.module, None, d.weight) for d in found.tunable]
-            notes = {"left_to_iree": [d.model_dump() for d in found.left_to_iree]}
+            notes = {"left_to_iree": [d.model_dump(exclude={"dynamic"}) for d in found.left_to_iree]}
             if why := found.why_nothing_to_tune("the model"):
                 raise ValueError(why)
         else:
@@ -73,6 +75,8 @@ class JobService:
         queue = measure_queue(this_host()) if request.measure_top else SEARCH_QUEUE
         hardware_json = request.hardware if isinstance(request.hardware, str) else hardware.model_dump(mode="json")
         options = request.model_dump(include={"budget", "seconds", "strategy", "seed", "measure_top", "reuse"})
+        if request.is_model and request.shape_hints:  # the sizes the spec's model has, said in its header
+            options["shape_hints"] = parse_shape_hints(request.shape_hints)
         with session_scope(rt.sessions) as session:
             job = jobs.create_job(session, kind="model" if request.is_model else "items",
                                   hardware=hardware_json, options=options, queue=queue, items=new_items, notes=notes)
@@ -127,7 +131,8 @@ class JobService:
                     plans.append((item.name, item.module, decision.plan, stored_reason))
             state = jobs.summarise(session, job).state
         host_cpu = _hardware_name(job) == HOST_CPU
-        spec, left_out = (rt.sandbox.run(merged_spec, plans, host_cpu, timeout=rt.settings.request_timeout_s)
+        spec, left_out = (rt.sandbox.run(merged_spec, plans, host_cpu, job.options.get("shape_hints"),
+                                         timeout=rt.settings.request_timeout_s)
                           if plans else (None, []))
         if spec is None:
             why = (f": {'; '.join(left_out)}" if left_out else

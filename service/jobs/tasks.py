@@ -11,18 +11,34 @@ from service.ir.errors import IRError
 from service.ir.plan import Plan
 from service.measure.tools import host_translation_info
 from service.measure.tuning_spec import ContractionMatcher, contraction_matcher, symbol_part, tuning_spec, why_no_spec
+from service.model_tuning.model_input import ModelInputError
+from service.model_tuning.static_shapes import all_dynamic_message, hints_shown, mlir_arguments, static_mlir_text
 from service.model_tuning.tune import classify_dispatches
 
 from .contract import LeftToIree, ModelDispatch, ModelItems
 
 
-def model_items(model_text: str) -> ModelItems:
-    """IREE forms the model's dispatches; the tunable ones become items (weighted by how often
-    one run of the model dispatches them), the others are reported with why."""
+def model_items(model_text: str, shape_hints: dict[str, list[int]] | None = None) -> ModelItems:
+    """IREE forms the model's dispatches (its dynamic inputs sized by `shape_hints` first); the
+    tunable ones become items (weighted by how often one run of the model dispatches them), the
+    others are reported with why. ModelInputError when every dispatch it has is dynamic."""
     with tempfile.TemporaryDirectory(prefix="tilesearch-job-model-") as tmp:
         model = Path(tmp) / "model.mlir"
+        still_dynamic = None
+        if shape_hints:
+            model_text, still_dynamic = static_mlir_text(model_text.encode(), "the model", shape_hints)
         model.write_text(model_text)
-        return model_file_items(model, Path(tmp))
+        found = model_file_items(model, Path(tmp))
+        if (dynamic := found.only_dynamic()) is not None:
+            inputs = still_dynamic if shape_hints else _dynamic_arguments(model)
+            raise ModelInputError(all_dynamic_message("the model", dynamic, len(found.left_to_iree), inputs,
+                                                      bool(shape_hints), in_request=True))
+        return found
+
+
+def _dynamic_arguments(model: Path):
+    arguments = mlir_arguments(model.read_bytes())
+    return None if arguments is None else [a for a in arguments if a.dynamic_dims]
 
 
 def model_file_items(model: Path, workdir: Path) -> ModelItems:
@@ -30,18 +46,19 @@ def model_file_items(model: Path, workdir: Path) -> ModelItems:
     tunable, left = classify_dispatches(model, workdir)
     return ModelItems(
         tunable=[ModelDispatch(name=d.entry, module=d.module or "", weight=d.weight) for d in tunable],
-        left_to_iree=[LeftToIree(name=r.name, weight=r.weight, root_op=r.root_op, reason=r.reason or "")
-                      for r in left],
+        left_to_iree=[LeftToIree(name=r.name, weight=r.weight, root_op=r.root_op, reason=r.reason or "",
+                                 dynamic=r.dynamic) for r in left],
     )
 
 
-def merged_spec(items: list[tuple[str, str, dict, str | None]], host_cpu: bool) -> tuple[str | None, list[str]]:
+def merged_spec(items: list[tuple[str, str, dict, str | None]], host_cpu: bool,
+                shape_hints: dict[str, list[int]] | None = None) -> tuple[str | None, list[str]]:
     """One tuning spec for the items' plans, `(name, module text, plan, why the decision has no
     spec as stored with it, or None)` heaviest first: a matcher per distinct contraction anchor
     (the first, heaviest, item's config wins a shared one), and why each item that adds none is
     left out (the decision's own reason, e.g. IREE's default kept, else read off its plan). The
     spec is None when no plan configures a contraction; otherwise its text opens with those
-    reasons as comments."""
+    reasons as comments (and, for a model sized by `shape_hints`, the sizes it matches)."""
     translation = host_translation_info() if host_cpu else None
     matchers: dict[tuple, ContractionMatcher] = {}
     left_out: list[str] = []
@@ -62,4 +79,5 @@ def merged_spec(items: list[tuple[str, str, dict, str | None]], host_cpu: bool) 
     if not matchers:
         return None, left_out
     notes = "".join(f"// not in this spec: {line}\n" for line in left_out)
-    return notes + tuning_spec(list(matchers.values())), left_out
+    for_model = f"the model with its inputs sized {hints_shown(shape_hints)}" if shape_hints else None
+    return notes + tuning_spec(list(matchers.values()), for_model=for_model), left_out

@@ -72,7 +72,7 @@ def dynamic_inputs(model: Path) -> list[Argument] | None:
 
 def hint_example(arguments: list[Argument]) -> str:
     """`--shape-hint arg0=1x512 --shape-hint arg1=...` for these inputs: 1 for each open dim."""
-    return " ".join(f"--shape-hint {a.name}=" + "x".join(str(s or 1) for s in a.shape or ()) for a in arguments)
+    return " ".join(f"--shape-hint {a.name}=" + "x".join(map(str, _sizes_or_one(a))) for a in arguments)
 
 
 def inputs_shown(arguments: list[Argument]) -> str:
@@ -212,22 +212,30 @@ def remove_model(out: Path) -> None:
     _external_data(out).unlink(missing_ok=True)
 
 
-def all_dynamic_message(model: Path, dynamic: list[str], formed: int, still_dynamic: list[Argument] | None,
-                        hinted: bool) -> str:
-    """Why nothing in the model can be tuned: its dispatches are dynamic; which inputs to size."""
-    which = (f"every dispatch IREE formed from {model.name} has" if len(dynamic) == formed else
-             f"{len(dynamic)} of the {formed} dispatches IREE formed from {model.name} have")
+def all_dynamic_message(model: str, dynamic: list[str], formed: int, inputs: list[Argument] | None,
+                        hinted: bool, in_request: bool = False) -> str:
+    """Why nothing in `model` (its name) can be tuned: its dispatches are dynamic; which of its
+    `inputs` (those with dynamic dims; None for a torch-dialect program) to size, as the command
+    line (or, `in_request`, a job request) sizes them."""
+    which = (f"every dispatch IREE formed from {model} has" if len(dynamic) == formed else
+             f"{len(dynamic)} of the {formed} dispatches IREE formed from {model} have")
     listed = f"{', '.join(dynamic[:3])}{', ...' if len(dynamic) > 3 else ''}"
-    inputs = still_dynamic if hinted else dynamic_inputs(model)
     if inputs is None:
         what = ("it is a torch-dialect program, whose inputs shape hints cannot size: export it with static shapes, "
                 "or give its ONNX export")
     elif inputs:
-        what = (f"{'still ' if hinted else ''}dynamic: {inputs_shown(inputs)}; give them sizes, e.g. {hint_example(inputs)} "
+        example = (f'"shape_hints": {{{", ".join(f"{chr(34)}{a.name}{chr(34)}: {_sizes_or_one(a)}" for a in inputs)}}}'
+                   if in_request else hint_example(inputs))
+        what = (f"{'still ' if hinted else ''}dynamic: {inputs_shown(inputs)}; give them sizes, e.g. {example} "
                 "(argN: the model's N-th input)")
     else:
-        what = "give the model's dynamic inputs their sizes with --shape-hint argN=AxB (argN: its N-th input)"
+        what = ('give the model\'s dynamic inputs their sizes with "shape_hints" {"argN": [A, B]}' if in_request else
+                "give the model's dynamic inputs their sizes with --shape-hint argN=AxB") + " (argN: its N-th input)"
     return f"{which} dynamic shapes ({listed}), and nothing else tunes: {what}"
+
+
+def _sizes_or_one(argument: Argument) -> list[int]:
+    return [s or 1 for s in argument.shape or ()]
 
 
 def hints_shown(hints: dict[str, list[int]] | None) -> str:

@@ -63,7 +63,7 @@ from service.search.task_scheduler import TaskState, schedule
 
 from .in_model import RootUnderTest, confirm_in_model, time_in_model, whole_build_choice, whole_model_shortfall
 from .model_input import ModelInputError, check_model_file, importable_model, refused_as
-from .static_shapes import all_dynamic_message, copy_model, hints_shown, remove_model, static_model, static_model_name
+from .static_shapes import all_dynamic_message, copy_model, dynamic_inputs, hints_shown, remove_model, static_model, static_model_name
 
 ProgressFn = Callable[[str, int, int], None]  # (dispatch name, slices done, slices in all)
 _UNTIMED_MEASURED_ONLY = ("no plan of this dispatch could be timed inside the model, and its config ships only when "
@@ -513,7 +513,8 @@ def tune_model(model: Path, hardware: HardwareModel, spec_out: Path, *, budget: 
         reports = [r for _, r in classified]
         dynamic = [r.name for r in reports if r.dynamic]
         if dynamic and not candidates:
-            raise ModelInputError(all_dynamic_message(source, dynamic, len(reports), still_dynamic, bool(shape_hints)))
+            inputs = still_dynamic if shape_hints else dynamic_inputs(source)
+            raise ModelInputError(all_dynamic_message(source.name, dynamic, len(reports), inputs, bool(shape_hints)))
         default = _default_build(model, candidates, workdir) if candidates else {}
         total = budget if budget is not None else 64 * max(1, len(candidates))
         if candidates:
