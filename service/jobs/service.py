@@ -59,11 +59,11 @@ class JobService:
         if request.measure_top:  # as a tiling request's: refused now, not item by item on a worker
             rt.tiling.check_measurable_here(hardware)
         notes = None
+        hints = parse_shape_hints(request.shape_hints) if request.shape_hints else None  # a model's only
         if request.is_model:
             if not hardware.is_cpu:
                 raise ValueError(f"hardware {hardware.name} is not a CPU profile: a model job tunes the dispatches IREE "
                                  "forms for its llvm-cpu backend and its spec is that backend's; use host-cpu")
-            hints = parse_shape_hints(request.shape_hints) if request.shape_hints else None
             found = request.dispatches or rt.sandbox.run(model_items, request.model, hints,
                                                          timeout=rt.settings.request_timeout_s * 5)
             new_items = [jobs.NewItem(d.name, d.module, None, d.weight) for d in found.tunable]
@@ -75,8 +75,8 @@ class JobService:
         queue = measure_queue(this_host()) if request.measure_top else SEARCH_QUEUE
         hardware_json = request.hardware if isinstance(request.hardware, str) else hardware.model_dump(mode="json")
         options = request.model_dump(include={"budget", "seconds", "strategy", "seed", "measure_top", "reuse"})
-        if request.is_model and request.shape_hints:  # the sizes the spec's model has, said in its header
-            options["shape_hints"] = parse_shape_hints(request.shape_hints)
+        if hints:  # the sizes the spec's model has, said in its header
+            options["shape_hints"] = hints
         with session_scope(rt.sessions) as session:
             job = jobs.create_job(session, kind="model" if request.is_model else "items",
                                   hardware=hardware_json, options=options, queue=queue, items=new_items, notes=notes)
