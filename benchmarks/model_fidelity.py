@@ -15,11 +15,14 @@ Models compared:
 --search also makes the service's single-module decision (the search from IREE's default,
 TPE, --budget plans, guarded against that default) on each held-out shape and measures its pick
 against IREE's default, paired in alternating rounds (cached like the grid), each call running
-the dispatch --dispatch-repeat times back to back, as inside a model. The grids are timed one
-dispatch a call, as every host's were first measured; --grid-repeat N reads (with --measure,
-times) the grid with N runs back to back a call, cached apart.
+the dispatch --dispatch-repeat times back to back, as inside a model. The grids are read (and
+measured) with 16 runs of the dispatch back to back a call, as inside a model and as every
+measurement the service takes, where the host's whole grid is cached so; the hosts first
+measured one dispatch a call are read that way until they are measured again (one dispatch a
+call misranks configs of a DRAM-bound shape: docs/benchmarks.md, session 34). --grid-repeat N
+reads (with --measure, times) the grid with N runs a call, cached apart.
 
-    python benchmarks/model_fidelity.py [--measure] [--grid-repeat 16] [--search [--unguarded] [--device local-sync] [--rounds 9]
+    python benchmarks/model_fidelity.py [--measure] [--grid-repeat 1|16] [--search [--unguarded] [--device local-sync] [--rounds 9]
                                         [--dispatch-repeat 16]] [--budget 200]
                                         [--details [tune]] [--host KEY|all]
 """
@@ -62,6 +65,7 @@ from service.measure.tools import BENCH_DEVICE, DISPATCH_REPEAT  # noqa: E402
 from service.search.guard import tune_from_iree_default  # noqa: E402
 
 CLASSES = ("M<=32", "square-ish", "tall-skinny", "batched")
+GRID_REPEAT = DISPATCH_REPEAT  # back to back, as inside a model
 
 
 def samples_of(r: ShapeMeasurements) -> list[Sample]:
@@ -181,9 +185,10 @@ def main() -> None:
                     help="--search: measure the search's pick even where the guard would keep IREE's default")
     ap.add_argument("--rounds", type=int, default=SEARCH_ROUNDS,
                     help="--search: alternating rounds of the pick and IREE's default (at least 3)")
-    ap.add_argument("--grid-repeat", type=int, default=1,
+    ap.add_argument("--grid-repeat", type=int, default=None,
                     help="the grid as timed with each call running the dispatch this many times back to back "
-                         "(1: one dispatch a call, as every host's grid was first measured)")
+                         f"(default: {GRID_REPEAT} where the host's whole grid is cached so, and with --measure; "
+                         "else 1, one dispatch a call, as every host's grid was first measured)")
     ap.add_argument("--dispatch-repeat", type=int, default=DISPATCH_REPEAT,
                     help="--search: runs of the dispatch back to back per timed call (1: alone, as before session 27)")
     ap.add_argument("--device", choices=("local-task", "local-sync"), default=BENCH_DEVICE,
@@ -208,13 +213,23 @@ def main() -> None:
         print()
 
 
+def grid_repeat(cache: MeasurementCache, measure: bool, lanes_f32: int, translation: str | None) -> int:
+    """Runs of the dispatch a call the host's grid is read with: GRID_REPEAT when measuring or
+    where every shape is cached so, else 1 (a host measured only one dispatch a call)."""
+    if measure or all(measure_shape(s, cache, measure=False, lanes_f32=lanes_f32, translation_info=translation,
+                                    dispatch_repeat=GRID_REPEAT) is not None for s in corpus()):
+        return GRID_REPEAT
+    return 1
+
+
 def report(key: str, args: argparse.Namespace) -> None:
     cache = host_cache(key)
     profile = get_profile("host-cpu") if key == host_key() else host_profile(key)
     lanes_f32 = profile.compute.vector_width_bytes // 4
     translation = host_translation(key)
+    repeat = args.grid_repeat or grid_repeat(cache, args.measure, lanes_f32, translation)
     results = [r for r in (measure_shape(s, cache, measure=args.measure, timing=args.timing, lanes_f32=lanes_f32,
-                                         translation_info=translation, dispatch_repeat=args.grid_repeat)
+                                         translation_info=translation, dispatch_repeat=repeat)
                            for s in corpus()) if r is not None]
     missing = len(corpus()) - len(results)
     nominal = with_calibration(profile, Calibration())
@@ -234,7 +249,7 @@ def report(key: str, args: argparse.Namespace) -> None:
             predicted = [predictor.latency_s(x.workload, x.plan, hw) for x in ss]
             rows.append((r, label, ranking(ss, predicted) | {"predicted": predicted}, ss))
 
-    print(f"host {key}, timing {args.timing}, {args.grid_repeat} dispatch run(s) a call; {len(results)} shapes measured ({missing} not in the cache), "
+    print(f"host {key}, timing {args.timing}, {repeat} dispatch run(s) a call; {len(results)} shapes measured ({missing} not in the cache), "
           f"{sum(len(v) for v in samples.values())} configs\n")
     print("| model | half | class | shapes | median rho | median top-1 regret |")
     print("|---|---|---|---|---|---|")

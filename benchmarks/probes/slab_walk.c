@@ -5,18 +5,41 @@
 //
 //     gcc -O2 -mavx2 -mfma -o /tmp/slab_walk benchmarks/probes/slab_walk.c
 //     for n in 64 192 384 768; do taskset -c 0 /tmp/slab_walk 3072 768 $n; done   # K, B's row, N
+//     taskset -c 0 /tmp/slab_walk 3072 768 384 huge   # buffers in 2 MiB pages (TLB reach ruled out)
 //
 // Figures, and what they mean for the cost model: docs/benchmarks.md, session 33.
 #include <immintrin.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
 #include <time.h>
+// With `huge`, 2 MiB aligned and madvise(MADV_HUGEPAGE): guests whose transparent huge pages
+// are `madvise` only then map them in 2 MiB pages (AnonHugePages in /proc/self/smaps_rollup).
+static float *buffer(long bytes, int huge) {
+  if (!huge) return aligned_alloc(64, bytes);
+  const long page = 2L << 20;
+  bytes = (bytes + page - 1) / page * page;
+  float *p = aligned_alloc(page, bytes);
+  madvise(p, bytes, MADV_HUGEPAGE);
+  return p;
+}
+static long anon_huge_kb(void) {
+  FILE *f = fopen("/proc/self/smaps_rollup", "r");
+  char line[256];
+  long kb = -1;
+  while (f && fgets(line, sizeof line, f))
+    if (!strncmp(line, "AnonHugePages:", 14)) sscanf(line + 14, "%ld", &kb);
+  if (f) fclose(f);
+  return kb;
+}
 static double now(void){struct timespec t;clock_gettime(CLOCK_MONOTONIC,&t);return t.tv_sec+t.tv_nsec*1e-9;}
 int main(int argc, char **argv) {
-  if (argc < 4) { fprintf(stderr, "usage: %s K B_ROW_FLOATS WORKGROUP_COLUMNS\n", argv[0]); return 2; }
+  if (argc < 4) { fprintf(stderr, "usage: %s K B_ROW_FLOATS WORKGROUP_COLUMNS [huge]\n", argv[0]); return 2; }
+  const int huge = argc > 4 && !strcmp(argv[4], "huge");
   const long M = 64, K = atol(argv[1]), NB = atol(argv[2]), N = atol(argv[3]);
   enum { R = 6 };
-  float *A = aligned_alloc(64, M * K * 4), *B = aligned_alloc(64, K * NB * 4), *C = aligned_alloc(64, M * NB * 4);
+  float *A = buffer(M * K * 4, huge), *B = buffer(K * NB * 4, huge), *C = buffer(M * NB * 4, huge);
   for (long i = 0; i < M * K; i++) A[i] = 1e-3f;
   for (long i = 0; i < K * NB; i++) B[i] = 1e-3f;
   double best = 1e9;
@@ -43,7 +66,9 @@ int main(int argc, char **argv) {
     double t = now() - t0;
     if (t < best) best = t;
   }
-  printf("K %ld, B row %ld floats, workgroup %ld columns (slab %.1f MB): %.2f ms (%.1f GFLOP/s)\n", K, NB, N,
+  printf("K %ld, B row %ld floats, workgroup %ld columns (slab %.1f MB): %.2f ms (%.1f GFLOP/s)", K, NB, N,
          K * N * 4 / 1e6, best * 1e3, 2.0 * (M / R * R) * K * NB / best / 1e9);
+  if (huge) printf(", AnonHugePages %ld kB", anon_huge_kb());
+  printf("\n");
   return C[5] < 0;
 }
