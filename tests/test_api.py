@@ -230,6 +230,8 @@ def test_a_model_job_with_dynamic_inputs_names_the_hints_and_with_them_tunes_the
         items = client.post("/v1/jobs", json={"items": [{"name": "a", "module": MATMUL_100}], "hardware": "host-cpu",
                                                "shape_hints": {"arg0": [16, 64]}})
         assert items.status_code == 422 and "give each item its own" in items.text
+        unsized = client.post("/v1/jobs", json={**body, "sized_model": "mlp.sized.mlir"})
+        assert unsized.status_code == 422 and 'give "shape_hints" too' in unsized.json()["detail"][0]["msg"]
 
 
 def test_hardware_endpoints(migrated_url):

@@ -75,8 +75,17 @@ def test_a_model_with_dynamic_inputs_is_submitted_sized_by_its_shape_hints(tmp_p
         sized = tmp_path / "mlp.sized.mlir"
         assert f"wrote {sized.name}" in stderr and "tensor<16x64xf32>" in sized.read_text()
         job = httpx.get(f"{base}/v1/jobs/{stderr.split('job ')[-1].split(':')[0]}", timeout=30).json()
-        assert job["options"]["shape_hints"] == {"arg0": [16, 64]}
+        assert job["options"]["shape_hints"] == {"arg0": [16, 64]} and job["options"]["sized_model"] == sized.name
         assert sorted(i["name"].rsplit("_", 2)[-2] for i in job["items_detail"]) == ["16x128x64", "16x64x128"]
     code, stderr = cli("job", "submit", str(tmp_path), "--hardware", "host-cpu", "--shape-hint", "arg0=16x64",
                        "--server", "http://127.0.0.1:9", cwd=tmp_path)
     assert code == 2 and "a directory's modules are tuned as written" in stderr, stderr
+    # Where the sized model goes is checked before IREE runs (a missing directory was a traceback).
+    for given, said in (("nodir/out.mlir", "its directory nodir does not exist"), (".", "is a directory"),
+                        ("out.onnx", "the sized model is written as MLIR"), (str(model), "is the model itself")):
+        code, stderr = cli("job", "submit", str(model), "--hardware", "host-cpu", "--shape-hint", "arg0=16x64",
+                           "--sized-model", given, "--server", "http://127.0.0.1:9", cwd=tmp_path)
+        assert code == 2 and said in stderr and "forming" not in stderr and "Traceback" not in stderr, (given, stderr)
+    code, stderr = cli("job", "submit", str(model), "--hardware", "host-cpu", "--sized-model", "out.mlir",
+                       "--server", "http://127.0.0.1:9", cwd=tmp_path)
+    assert code == 2 and "give --shape-hint too" in stderr, stderr

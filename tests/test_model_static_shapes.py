@@ -143,8 +143,12 @@ def test_one_hint_sizes_every_onnx_input_dim_of_the_same_name_and_two_sizes_for_
 
 def test_an_onnx_input_is_hinted_by_its_own_name_too(tmp_path):
     model = _two_input_onnx(tmp_path / "ids.onnx")
-    assert by_input_name(model, ["mask=2x16", "arg0=2x16", "nope=3"]) == ["arg1=2x16", "arg0=2x16", "nope=3"]
+    assert by_input_name(model, ["mask=2x16", "arg0=2x16", "nope"]) == ["arg1=2x16", "arg0=2x16", "nope"]
     assert by_input_name(tmp_path / "m.mlir", ["mask=2x16"]) == ["mask=2x16"]  # MLIR arguments have no names
+    # A name the graph does not have is refused with the names it has (it read "name a function argument").
+    names = [i.name for i in onnx.load(str(model)).graph.input]
+    with pytest.raises(ShapeHintError, match=rf"ids.onnx has no input 'input_ids'; its inputs: {names[0]} \(arg0\), "):
+        by_input_name(model, ["input_ids=2x16"])
 
 
 @pytest.mark.slow

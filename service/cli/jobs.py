@@ -64,10 +64,12 @@ def job_submit_cmd(
         body["items"] = [{"name": f.stem, "module": _read_text(f)} for f in files]
     else:
         hints = _model_hints(path, shape_hint)
-        out = (sized_model or Path(_sized_name(path))) if hints else None
+        out = _sized_model_path(path, sized_model) if hints else None
+        if sized_model is not None and not hints:
+            raise _ir_failure("--sized-model names where the model sized by --shape-hint is written: give --shape-hint too")
         body["dispatches"] = _model_dispatches(path, hints, out)
-        if hints:
-            body["shape_hints"] = hints
+        if hints and out is not None:
+            body |= {"shape_hints": hints, "sized_model": out.name}
     with server_errors(server), _job_client(server, token) as client:
         answer = client.submit_job(body)
     left = len(body["dispatches"]["left_to_iree"]) if "dispatches" in body else 0
@@ -87,10 +89,24 @@ def _model_hints(path: Path, items: list[str]) -> dict[str, list[int]]:
         raise _ir_failure(exc) from None
 
 
-def _sized_name(model: Path) -> str:
+def _sized_model_path(model: Path, given: Path | None) -> Path:
+    """Where the model sized by the hints is written: `given`, else MODEL.sized.mlir|onnx here.
+    Refused before IREE runs: the model itself, a directory, a missing directory, or a suffix
+    that is not the model's kind (the sized model is written as the model's kind)."""
     from service.model_tuning.static_shapes import ONNX_SUFFIX
 
-    return f"{model.name.split('.')[0]}.sized{ONNX_SUFFIX if model.suffix.lower() == ONNX_SUFFIX else '.mlir'}"
+    suffix = ONNX_SUFFIX if model.suffix.lower() == ONNX_SUFFIX else ".mlir"
+    out = given or Path(f"{model.name.split('.')[0]}.sized{suffix}")
+    if out.resolve() == model.resolve():
+        raise _ir_failure(f"--sized-model {out} is the model itself: name it otherwise")
+    if out.is_dir():
+        raise _ir_failure(f"--sized-model {out} is a directory: name the file the sized model is written to")
+    if not out.resolve().parent.is_dir():
+        raise _ir_failure(f"--sized-model {out}: its directory {out.parent} does not exist")
+    if out.suffix.lower() != suffix:
+        raise _ir_failure(f"--sized-model {out}: the sized model is written as {suffix[1:].upper()}, like the model; "
+                          f"name it *{suffix}")
+    return out
 
 
 def _model_dispatches(path: Path, hints: dict[str, list[int]], sized_out: Path | None) -> dict:
@@ -108,8 +124,6 @@ def _model_dispatches(path: Path, hints: dict[str, list[int]], sized_out: Path |
 
     if path.suffix.lower() == ".mlir":
         _read_text(path)  # bytes that are not UTF-8 named by line and column, as every command names them
-    if sized_out is not None and sized_out.resolve() == path.resolve():
-        raise _ir_failure(f"--sized-model {sized_out} is the model itself: name it otherwise")
     typer.echo(f"forming {path.name}'s dispatches with IREE ...", err=True)
     with tempfile.TemporaryDirectory(prefix="tilesearch-job-model-") as tmp:
         try:

@@ -81,6 +81,9 @@ class JobRequest(BaseModel):
         default=None, description='a model\'s dynamic inputs sized, {"arg0": [1, 128]} (argN: its N-th input), as '
                                   "`model tune --shape-hint` sizes them: the job tunes the model so sized and its spec "
                                   'matches that model. With "dispatches", the sizes the client gave them (for the spec)')
+    sized_model: str | None = Field(
+        default=None, max_length=200, description='with "shape_hints": the file name of the model so sized where '
+                                                  "the client is (`job submit` writes it), named in the spec's header")
     hardware: str | HardwareModel = Field(description="a hardware profile name or an inline model")
     # Strict as a tiling request's (service.tiling.request): "5", 1.0 or true is not a budget.
     budget: int = Field(default=64, ge=1, le=5000, strict=True, description="distinct plans to evaluate per item")
@@ -99,6 +102,8 @@ class JobRequest(BaseModel):
                              "(a model's dispatches formed by IREE)")
         if self.shape_hints is not None and self.items is not None:
             raise ValueError('"shape_hints" size a model\'s inputs: give each item its own "shape_hints" instead')
+        if self.sized_model is not None and self.shape_hints is None:
+            raise ValueError('"sized_model" names the model sized by "shape_hints": give "shape_hints" too')
         if self.items is not None and not self.items:
             raise ValueError('"items" is empty: give at least one module')
         names = ([i.name for i in self.items] if self.items is not None else

@@ -77,6 +77,8 @@ class JobService:
         options = request.model_dump(include={"budget", "seconds", "strategy", "seed", "measure_top", "reuse"})
         if hints:  # the sizes the spec's model has, said in its header
             options["shape_hints"] = hints
+            if request.sized_model:
+                options["sized_model"] = request.sized_model
         with session_scope(rt.sessions) as session:
             job = jobs.create_job(session, kind="model" if request.is_model else "items",
                                   hardware=hardware_json, options=options, queue=queue, items=new_items, notes=notes)
@@ -132,7 +134,7 @@ class JobService:
             state = jobs.summarise(session, job).state
         host_cpu = _hardware_name(job) == HOST_CPU
         spec, left_out = (rt.sandbox.run(merged_spec, plans, host_cpu, job.options.get("shape_hints"),
-                                         timeout=rt.settings.request_timeout_s)
+                                         job.options.get("sized_model"), timeout=rt.settings.request_timeout_s)
                           if plans else (None, []))
         if spec is None:
             why = (f": {'; '.join(left_out)}" if left_out else

@@ -52,13 +52,15 @@ def model_file_items(model: Path, workdir: Path) -> ModelItems:
 
 
 def merged_spec(items: list[tuple[str, str, dict, str | None]], host_cpu: bool,
-                shape_hints: dict[str, list[int]] | None = None) -> tuple[str | None, list[str]]:
+                shape_hints: dict[str, list[int]] | None = None,
+                sized_model: str | None = None) -> tuple[str | None, list[str]]:
     """One tuning spec for the items' plans, `(name, module text, plan, why the decision has no
     spec as stored with it, or None)` heaviest first: a matcher per distinct contraction anchor
     (the first, heaviest, item's config wins a shared one), and why each item that adds none is
     left out (the decision's own reason, e.g. IREE's default kept, else read off its plan). The
     spec is None when no plan configures a contraction; otherwise its text opens with those
-    reasons as comments (and, for a model sized by `shape_hints`, the sizes it matches)."""
+    reasons as comments (and, for a model sized by `shape_hints`, the sizes it matches and the
+    sized model's file name, when the client gave it)."""
     translation = host_translation_info() if host_cpu else None
     matchers: dict[tuple, ContractionMatcher] = {}
     left_out: list[str] = []
@@ -79,5 +81,6 @@ def merged_spec(items: list[tuple[str, str, dict, str | None]], host_cpu: bool,
     if not matchers:
         return None, left_out
     notes = "".join(f"// not in this spec: {line}\n" for line in left_out)
-    for_model = f"the model with its inputs sized {hints_shown(shape_hints)}" if shape_hints else None
+    for_model = (f"the model with its inputs sized {hints_shown(shape_hints)}" + (f": {sized_model}" if sized_model else "")
+                 if shape_hints else None)
     return notes + tuning_spec(list(matchers.values()), for_model=for_model), left_out

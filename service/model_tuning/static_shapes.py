@@ -140,7 +140,8 @@ def onnx_arguments(graph: onnx.GraphProto) -> list[Argument]:
 
 def by_input_name(model: Path, items: list[str]) -> list[str]:
     """CLI hints as written for an ONNX model, its graph inputs' own names (`input_ids=8x128`)
-    rewritten to the argN they are; every other item as written (argN keeps its meaning)."""
+    rewritten to the argN they are; argN keeps its meaning. ShapeHintError for a name that is
+    neither, listing the graph's inputs."""
     if model.suffix.lower() != ONNX_SUFFIX or not items:
         return items
     try:
@@ -149,9 +150,14 @@ def by_input_name(model: Path, items: list[str]) -> list[str]:
         return items
     out = []
     for item in items:
-        name, eq, sizes = item.partition("=")
-        index = inputs.get(name.strip()) if eq and not split_hint_key(name.strip()) else None
-        out.append(item if index is None else f"arg{index}={sizes}")
+        name, eq, sizes = (part.strip() for part in item.partition("="))
+        if not eq or split_hint_key(name):
+            out.append(item)
+        elif name in inputs:
+            out.append(f"arg{inputs[name]}={sizes}")
+        else:
+            listed = ", ".join(f"{n} (arg{i})" for n, i in inputs.items()) or "none"
+            raise ShapeHintError(f"shape hint {item}: {model.name} has no input {name!r}; its inputs: {listed}")
     return out
 
 
