@@ -93,9 +93,9 @@ def _sized_model_path(model: Path, given: Path | None) -> Path:
     """Where the model sized by the hints is written: `given`, else MODEL.sized.mlir|onnx here.
     Refused before IREE runs: the model itself, a directory, a missing directory, or a suffix
     that is not the model's kind (the sized model is written as the model's kind)."""
-    from service.model_tuning.static_shapes import ONNX_SUFFIX
+    from service.model_tuning.static_shapes import sized_suffix
 
-    suffix = ONNX_SUFFIX if model.suffix.lower() == ONNX_SUFFIX else ".mlir"
+    suffix = sized_suffix(model)
     out = given or Path(f"{model.name.split('.')[0]}.sized{suffix}")
     if out.resolve() == model.resolve():
         raise _ir_failure(f"--sized-model {out} is the model itself: name it otherwise")

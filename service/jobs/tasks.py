@@ -12,7 +12,7 @@ from service.ir.plan import Plan
 from service.measure.tools import host_translation_info
 from service.measure.tuning_spec import ContractionMatcher, contraction_matcher, symbol_part, tuning_spec, why_no_spec
 from service.model_tuning.model_input import ModelInputError
-from service.model_tuning.static_shapes import all_dynamic_message, hints_shown, mlir_arguments, static_mlir_text
+from service.model_tuning.static_shapes import all_dynamic_message, mlir_dynamic_inputs, sized_for, static_mlir_text
 from service.model_tuning.tune import classify_dispatches
 
 from .contract import LeftToIree, ModelDispatch, ModelItems
@@ -30,15 +30,10 @@ def model_items(model_text: str, shape_hints: dict[str, list[int]] | None = None
         model.write_text(model_text)
         found = model_file_items(model, Path(tmp))
         if (dynamic := found.only_dynamic()) is not None:
-            inputs = still_dynamic if shape_hints else _dynamic_arguments(model)
+            inputs = still_dynamic if shape_hints else mlir_dynamic_inputs(model.read_bytes())
             raise ModelInputError(all_dynamic_message("the model", dynamic, len(found.left_to_iree), inputs,
                                                       bool(shape_hints), in_request=True))
         return found
-
-
-def _dynamic_arguments(model: Path):
-    arguments = mlir_arguments(model.read_bytes())
-    return None if arguments is None else [a for a in arguments if a.dynamic_dims]
 
 
 def model_file_items(model: Path, workdir: Path) -> ModelItems:
@@ -81,6 +76,5 @@ def merged_spec(items: list[tuple[str, str, dict, str | None]], host_cpu: bool,
     if not matchers:
         return None, left_out
     notes = "".join(f"// not in this spec: {line}\n" for line in left_out)
-    for_model = (f"the model with its inputs sized {hints_shown(shape_hints)}" + (f": {sized_model}" if sized_model else "")
-                 if shape_hints else None)
+    for_model = sized_for(shape_hints, sized_model) if shape_hints else None
     return notes + tuning_spec(list(matchers.values()), for_model=for_model), left_out

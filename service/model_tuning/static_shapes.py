@@ -51,9 +51,18 @@ def static_model(model: Path, hints: dict[str, list[int]], workdir: Path) -> tup
 
 def static_model_name(spec: Path, model: Path) -> str:
     """What the model sized for a spec is called beside it: `enc.model.onnx` for the spec
-    `enc.mlir` of an ONNX model, `enc.model.mlir` for an MLIR one (bytecode is written back as text)."""
-    suffix = ONNX_SUFFIX if model.suffix.lower() == ONNX_SUFFIX else ".mlir"
-    return f"{spec.stem}.model{suffix}"
+    `enc.mlir` of an ONNX model, `enc.model.mlir` for an MLIR one."""
+    return f"{spec.stem}.model{sized_suffix(model)}"
+
+
+def sized_suffix(model: Path) -> str:
+    """The suffix of `model` sized by hints: ONNX stays ONNX, MLIR bytecode is written back as text."""
+    return ONNX_SUFFIX if model.suffix.lower() == ONNX_SUFFIX else ".mlir"
+
+
+def sized_for(hints: dict[str, list[int]], sized_model: str | None = None) -> str:
+    """What a spec of a model sized by `hints` matches, as its header says (service.measure.tuning_spec)."""
+    return f"the model with its inputs sized {hints_shown(hints)}" + (f": {sized_model}" if sized_model else "")
 
 
 def dynamic_inputs(model: Path) -> list[Argument] | None:
@@ -64,9 +73,18 @@ def dynamic_inputs(model: Path) -> list[Argument] | None:
             arguments = onnx_arguments(onnx.load(str(model), load_external_data=False).graph)
         else:
             with Sandbox(workers=1) as sandbox:
-                arguments = sandbox.run(mlir_arguments, model.read_bytes(), timeout=_PARSE_TIMEOUT_S)
+                return sandbox.run(mlir_dynamic_inputs, model.read_bytes(), timeout=_PARSE_TIMEOUT_S)
     except Exception:  # noqa: BLE001 - only for a message: IREE has already read the model, this reader may not
         return []
+    return _dynamic(arguments)
+
+
+def mlir_dynamic_inputs(source: bytes) -> list[Argument] | None:
+    """`dynamic_inputs` of MLIR model text, in this process (a sandbox task)."""
+    return _dynamic(mlir_arguments(source))
+
+
+def _dynamic(arguments: list[Argument] | None) -> list[Argument] | None:
     return None if arguments is None else [a for a in arguments if a.dynamic_dims]
 
 

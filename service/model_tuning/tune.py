@@ -63,7 +63,7 @@ from service.search.task_scheduler import TaskState, schedule
 
 from .in_model import RootUnderTest, confirm_in_model, time_in_model, whole_build_choice, whole_model_shortfall
 from .model_input import ModelInputError, check_model_file, importable_model, refused_as
-from .static_shapes import all_dynamic_message, copy_model, dynamic_inputs, hints_shown, remove_model, static_model, static_model_name
+from .static_shapes import all_dynamic_message, copy_model, dynamic_inputs, remove_model, sized_for, static_model, static_model_name
 
 ProgressFn = Callable[[str, int, int], None]  # (dispatch name, slices done, slices in all)
 _UNTIMED_MEASURED_ONLY = ("no plan of this dispatch could be timed inside the model, and its config ships only when "
@@ -575,7 +575,7 @@ def tune_model(model: Path, hardware: HardwareModel, spec_out: Path, *, budget: 
             tuned[c.dispatch.entry] = (c, matcher.lowering_config)
             searches.append(_search_record(c, measure_top))
         if matchers:
-            for_model = f"the model with its inputs sized {hints_shown(shape_hints)}: {static_out.name}" if static_out else None
+            for_model = sized_for(shape_hints, static_out.name) if static_out and shape_hints else None
             spec_out.write_text(tuning_spec(list(matchers.values()), for_model=for_model))
         else:  # an older spec (and the model sized for it) left at the path would be taken for this run's
             spec_out.unlink(missing_ok=True)
