@@ -234,6 +234,31 @@ def test_a_model_job_with_dynamic_inputs_names_the_hints_and_with_them_tunes_the
         assert unsized.status_code == 422 and 'give "shape_hints" too' in unsized.json()["detail"][0]["msg"]
 
 
+def test_an_items_bad_shape_hint_is_refused_on_submit_and_a_good_one_stored_as_lists(migrated_url):
+    with _client(migrated_url) as client:
+        def submit(hints):
+            return client.post("/v1/jobs", json={"items": [{"name": "ok", "module": MATMUL_100},
+                                                           {"name": "hinted", "module": workload("dynamic_matmul"),
+                                                            "shape_hints": hints}],
+                                                 "hardware": "host-cpu", "budget": 2})
+
+        for hints, says in (({"arg0": "32xten"}, "'ten' is not a whole number"), ({"arg0": [0, 8]}, "dim 0 is 0"),
+                            ({"weights": [4]}, "name a function argument as argN")):
+            refused = submit(hints)
+            assert refused.status_code == 422, refused.text
+            assert refused.json()["detail"][0]["loc"][-3:] == ["items", 1, "shape_hints"] and says in refused.text
+        assert client.get("/v1/jobs").json()["items"] == []  # nothing was queued
+        accepted = submit({"arg0": "32x1024"})
+        assert accepted.status_code == 202, accepted.text
+        job_id = accepted.json()["id"]
+        from service.store import jobs
+        from service.store.db import make_engine, make_sessionmaker, session_scope
+
+        with session_scope(make_sessionmaker(make_engine(migrated_url))) as session:
+            stored = {i.name: i.shape_hints for i in jobs.list_items(session, job_id, limit=10)[0]}
+        assert stored == {"ok": None, "hinted": {"arg0": [32, 1024]}}  # one spelling, as a tiling request's
+
+
 def test_hardware_endpoints(migrated_url):
     with _client(migrated_url) as client:
         names = [h["name"] for h in client.get("/v1/hardware").json()["items"]]

@@ -183,6 +183,19 @@ def test_a_dynamic_model_names_the_hint_and_with_it_is_tuned_static(tmp_path):
     assert bad.exit_code == 2 and "give 2 dims" in bad.output, bad.output
 
 
+
+def test_a_dynamic_dispatchs_reason_says_how_to_size_it_in_a_job_request_as_on_the_cli(tmp_path):
+    """A model job reports its dynamic dispatches with the same reasons as `model tune`: each says
+    both spellings, so a REST client is not sent to a CLI flag it cannot pass."""
+    from service.jobs.tasks import model_file_items
+
+    model = tmp_path / "mlp.mlir"
+    model.write_text(DYNAMIC_MLP)
+    found = model_file_items(model, tmp_path)
+    assert not found.tunable and found.left_to_iree and all(d.dynamic for d in found.left_to_iree)
+    for d in found.left_to_iree:
+        assert "--shape-hint argN=AxB" in d.reason and '"shape_hints" in a job request' in d.reason, d.reason
+
 @pytest.mark.slow
 @needs_avx512  # the spec's configs are checked by real IREE on this CPU against the pinned profile
 def test_the_spec_of_a_hinted_model_ships_with_the_model_so_sized_and_iree_applies_it(tmp_path):

@@ -194,8 +194,8 @@ def as_tensor_function(dispatch_function: ir.Operation) -> tuple[ir.Module, str 
     left = _run_time_reads(block)
     if left:
         return module, (f"dynamic: the dispatch reads sizes or offsets at run time ({', '.join(left)}); "
-                        "give the model's dynamic inputs their sizes (`model tune --shape-hint argN=AxB`) or "
-                        "export it with static shapes to tune it")
+                        "give the model's dynamic inputs their sizes (`--shape-hint argN=AxB` on the CLI, "
+                        '"shape_hints" in a job request) or export it with static shapes to tune it')
     if not stored:
         return module, "writes no tensor"
     if any(_is_elided(op) for op in _ops(block)):

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from service.hardware.model import HardwareModel
 from service.tiling.contract import ShapeHints, Strategy
+from service.tiling.request import bounded_shape_hints
 
 MAX_ITEMS = 2000
 
@@ -16,6 +17,12 @@ class JobItemIn(BaseModel):
     name: str = Field(min_length=1, max_length=200)
     module: str = Field(min_length=1, description="MLIR module text")
     shape_hints: ShapeHints | None = None
+
+    @field_validator("shape_hints")
+    @classmethod
+    def _hints_as_lists(cls, hints: ShapeHints | None) -> ShapeHints | None:
+        """As a tiling request's: a bad hint is refused on submit, not item by item on a worker."""
+        return bounded_shape_hints(hints)
 
 
 class ModelDispatch(BaseModel):
@@ -94,6 +101,11 @@ class JobRequest(BaseModel):
                              description="K best plans per item timed with IREE on the worker; such items run only on "
                                          "workers of the job's hardware")
     reuse: bool = Field(default=True, strict=True)
+
+    @field_validator("shape_hints")
+    @classmethod
+    def _model_hints_as_lists(cls, hints: ShapeHints | None) -> ShapeHints | None:
+        return bounded_shape_hints(hints)
 
     @model_validator(mode="after")
     def _one_input(self) -> "JobRequest":

@@ -8,7 +8,6 @@ from typing import Protocol
 
 from service.hardware.model import HardwareModel
 from service.hardware.profiles import HOST_CPU, UnknownHardwareError
-from service.search.shapes import parse_shape_hints
 from service.store import decisions, jobs
 from service.store.db import session_scope
 from service.store.models import ItemState, Job
@@ -59,7 +58,7 @@ class JobService:
         if request.measure_top:  # as a tiling request's: refused now, not item by item on a worker
             rt.tiling.check_measurable_here(hardware)
         notes = None
-        hints = parse_shape_hints(request.shape_hints) if request.shape_hints else None  # a model's only
+        hints = request.shape_hints or None  # a model's only, as lists (JobRequest bounds them)
         if request.is_model:
             if not hardware.is_cpu:
                 raise ValueError(f"hardware {hardware.name} is not a CPU profile: a model job tunes the dispatches IREE "

@@ -214,8 +214,8 @@ def _classify(dispatch: Dispatch) -> tuple[_Candidate | None, DispatchReport]:
         report.reason = iree_keeps_own_pipeline(root)
     if report.reason is None and not graph.has_static_shapes():
         report.dynamic = True
-        report.reason = ("dynamic shapes: give the model's dynamic inputs their sizes with --shape-hint argN=AxB "
-                         "(the spec then matches the model with those sizes)")
+        report.reason = ("dynamic shapes: give the model's dynamic inputs their sizes (`--shape-hint argN=AxB` on the "
+                         'CLI, "shape_hints" in a job request); the spec then matches the model with those sizes')
     if report.reason is not None:
         return None, report
     return _Candidate(dispatch, graph, root, analysis.fingerprint), report

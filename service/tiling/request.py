@@ -40,6 +40,23 @@ def _check_dims(what: str, dims: list[int]) -> None:
             raise ValueError(f"{what}: dim {d} is out of range; each dim must be 1..{MAX_DIM} (2^24)")
 
 
+def bounded_shape_hints(hints: ShapeHints | None) -> ShapeHints | None:
+    """Hints written "128x1024" become [128, 1024]: one spelling, so both forms share a decision.
+    Bounded here, before any worker sees them (a tiling request's and a job item's alike)."""
+    if not hints:
+        return hints
+    if len(hints) > MAX_HINTS:
+        raise ValueError(f"{len(hints)} shape hints; at most {MAX_HINTS}")
+    parsed = parse_shape_hints(hints)
+    for name, dims in parsed.items():
+        if len(dims) > MAX_RANK:
+            raise ValueError(f"shape hint {name}: rank {len(dims)}; at most {MAX_RANK}")
+        _check_dims(f"shape hint {name}", dims)
+        if math.prod(dims) > MAX_ELEMENTS:
+            raise ValueError(f"shape hint {name}: {math.prod(dims)} elements; at most {MAX_ELEMENTS} (2^40)")
+    return parsed
+
+
 class TilingRequest(BaseModel):
     # Strict where a lax coercion would change the request: `true` is not a budget of 1.
     model_config = ConfigDict(extra="forbid")
@@ -70,20 +87,7 @@ class TilingRequest(BaseModel):
     @field_validator("shape_hints")
     @classmethod
     def _hints_as_lists(cls, hints: ShapeHints | None) -> ShapeHints | None:
-        """Hints written "128x1024" become [128, 1024]: one spelling, so both forms share a
-        decision. Bounded here, before any worker sees them."""
-        if not hints:
-            return hints
-        if len(hints) > MAX_HINTS:
-            raise ValueError(f"{len(hints)} shape hints; at most {MAX_HINTS}")
-        parsed = parse_shape_hints(hints)
-        for name, dims in parsed.items():
-            if len(dims) > MAX_RANK:
-                raise ValueError(f"shape hint {name}: rank {len(dims)}; at most {MAX_RANK}")
-            _check_dims(f"shape hint {name}", dims)
-            if math.prod(dims) > MAX_ELEMENTS:
-                raise ValueError(f"shape hint {name}: {math.prod(dims)} elements; at most {MAX_ELEMENTS} (2^40)")
-        return parsed
+        return bounded_shape_hints(hints)
 
     @field_validator("buckets")
     @classmethod
