@@ -318,7 +318,8 @@ def test_a_jobs_merged_spec_says_which_items_it_leaves_out():
     assert left_out == [f"item 'kept': {kept}"]
     # A job over a model sized by shape hints: its spec says which sizes it matches.
     sized, _ = merged_spec([("layer 1", static, plan(static), None)], host_cpu=False, shape_hints={"arg0": [16, 64]})
-    assert "// matches the model with its inputs sized arg0=16x64\n" in sized
+    assert ("// matches the model with its inputs sized arg0=16x64 (`tilesearch model size MODEL --shape-hint "
+            "arg0=16x64` writes it)\n") in sized
     named, _ = merged_spec([("layer 1", static, plan(static), None)], host_cpu=False, shape_hints={"arg0": [16, 64]},
                            sized_model="mlp.sized.onnx")
     assert "// matches the model with its inputs sized arg0=16x64: mlp.sized.onnx\n" in named

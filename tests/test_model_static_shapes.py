@@ -151,6 +151,29 @@ def test_an_onnx_input_is_hinted_by_its_own_name_too(tmp_path):
         by_input_name(model, ["input_ids=2x16"])
 
 
+def test_model_size_writes_the_model_a_server_sized_job_compiled_and_refuses_what_does_not_fit(tmp_path, monkeypatch):
+    """A REST model job sizes the model text on the server; `model size` writes the same model
+    where the client is (the spec's header says so), an ONNX graph's input also by its name."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "mlp.mlir").write_text(DYNAMIC_MLP)
+    run = lambda *args: CliRunner().invoke(app, ["model", "size", *args])  # noqa: E731
+    done = run("mlp.mlir", "--shape-hint", "arg0=16x64")
+    assert done.exit_code == 0 and "wrote mlp.sized.mlir" in done.output, done.output
+    server_sized, _ = static_mlir_text(DYNAMIC_MLP.encode(), "the model", {"arg0": [16, 64]})
+    assert (tmp_path / "mlp.sized.mlir").read_text() == server_sized
+    assert _argument_types(server_sized)["main"][0] == "tensor<16x64xf32>"
+    for args, says in ((["--shape-hint", "arg0=16"], "give 2 dims"),
+                       (["--shape-hint", "arg0=16x64", "-o", "mlp.mlir"], "is the model itself"),
+                       (["--shape-hint", "arg0=16x64", "-o", "mlp.sized.onnx"], "name it *.mlir")):
+        refused = run("mlp.mlir", *args)
+        assert refused.exit_code == 2 and says in refused.output, (args, refused.output)
+    _two_input_onnx(tmp_path / "ids.onnx")
+    named = run("ids.onnx", "--shape-hint", "mask=2x16", "-o", "ids2x16.onnx")
+    assert named.exit_code == 0, named.output
+    sized = [[d.dim_value for d in v.type.tensor_type.shape.dim] for v in onnx.load("ids2x16.onnx").graph.input]
+    assert sized == [[2, 16], [2, 16]]  # the mask by its name, the ids through the dims they share
+
+
 @pytest.mark.slow
 def test_a_spec_out_that_is_the_model_itself_is_refused_and_the_model_kept(tmp_path):
     model = tmp_path / "mlp.mlir"

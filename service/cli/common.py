@@ -129,3 +129,34 @@ def _positive_seconds(value: float | None) -> float | None:
     if value is not None and not (value > 0 and math.isfinite(value)):
         raise typer.BadParameter(f"a time limit must be a number of seconds more than 0, not {value:g}; leave it out for none")
     return value
+
+
+def _model_hints(path: Path, items: list[str]) -> dict[str, list[int]]:
+    from service.model_tuning.static_shapes import by_input_name
+    from service.search.errors import ShapeHintError
+    from service.search.shapes import parse_shape_hints
+
+    try:
+        return parse_shape_hints(by_input_name(path, items))
+    except ShapeHintError as exc:
+        raise _ir_failure(exc) from None
+
+
+def _sized_model_path(model: Path, given: Path | None) -> Path:
+    """Where the model sized by the hints is written: `given`, else MODEL.sized.mlir|onnx here.
+    Refused before IREE runs: the model itself, a directory, a missing directory, or a suffix
+    that is not the model's kind (the sized model is written as the model's kind)."""
+    from service.model_tuning.static_shapes import sized_suffix
+
+    suffix = sized_suffix(model)
+    out = given or Path(f"{model.name.split('.')[0]}.sized{suffix}")
+    if out.resolve() == model.resolve():
+        raise _ir_failure(f"--sized-model {out} is the model itself: name it otherwise")
+    if out.is_dir():
+        raise _ir_failure(f"--sized-model {out} is a directory: name the file the sized model is written to")
+    if not out.resolve().parent.is_dir():
+        raise _ir_failure(f"--sized-model {out}: its directory {out.parent} does not exist")
+    if out.suffix.lower() != suffix:
+        raise _ir_failure(f"--sized-model {out}: the sized model is written as {suffix[1:].upper()}, like the model; "
+                          f"name it *{suffix}")
+    return out

@@ -1,4 +1,4 @@
-"""`tilesearch model tune|bench`: whole models in, one IREE tuning spec out."""
+"""`tilesearch model tune|size|runs|spec|bench`: whole models in, one IREE tuning spec out."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from .common import _ir_failure, _positive_seconds, _ready_store, _writable_spec_path
+from .common import _ir_failure, _model_hints, _positive_seconds, _ready_store, _sized_model_path, _writable_spec_path
 
 model_app = typer.Typer(help="Whole models: IREE's dispatches in, one tuning spec out.", no_args_is_help=True)
 
@@ -39,9 +39,7 @@ def model_tune_cmd(
     from service.hardware.profiles import UnknownHardwareError, get_profile
     from service.ir.errors import IRError
     from service.model_tuning import ModelInputError, SpecNotApplied, tune_model
-    from service.model_tuning.static_shapes import by_input_name
     from service.search.errors import ShapeHintError
-    from service.search.shapes import parse_shape_hints
 
     try:
         hw = get_profile(hardware)
@@ -51,10 +49,7 @@ def model_tune_cmd(
         typer.echo(f"error: --hardware {hardware} is not a CPU profile: `model tune` compiles the model for this "
                    f"CPU with IREE and checks the spec there; use host-cpu (or a profile calibrated from it)", err=True)
         raise typer.Exit(2)
-    try:
-        hints = parse_shape_hints(by_input_name(file, shape_hint))
-    except ShapeHintError as exc:
-        raise _ir_failure(exc) from None
+    hints = _model_hints(file, shape_hint)
     _writable_spec_path(spec_out, file)  # before minutes of tuning, not after
     older = spec_out.exists()
     sessions = _store_sessions(skippable=True) if store else None  # before the search: a store that is not ready costs nothing
@@ -133,6 +128,39 @@ def _store_sessions(skippable: bool = False):
         typer.echo(f"error: the store is not ready ({why}){hint}" + (", or pass --no-store" if skippable else ""), err=True)
         raise typer.Exit(2)
     return sessions
+
+
+@model_app.command("size")
+def model_size_cmd(
+    file: Path = typer.Argument(..., exists=True, dir_okay=False, metavar="MODEL.mlir|MODEL.onnx", help="a whole model with dynamic inputs"),
+    shape_hint: list[str] = typer.Option(..., "--shape-hint", help="sizes for the model's dynamic inputs, e.g. "
+                                                                   "arg0=16x512 (argN: its N-th input; an ONNX input "
+                                                                   "also by its name)"),
+    sized_model: Path | None = typer.Option(None, "--sized-model", "-o", help="where the sized model is written "
+                                                                              "(default: MODEL.sized.mlir|onnx here)"),
+) -> None:
+    """Write the model with its dynamic inputs sized by the hints: the model that a spec tuned with
+    the same hints matches (a REST model job's, say), as `model tune` and `job submit` write it."""
+    import tempfile
+
+    from service.ir.errors import IRError
+    from service.model_tuning import ModelInputError
+    from service.model_tuning.model_input import check_model_file
+    from service.model_tuning.static_shapes import copy_model, hints_shown, static_model
+    from service.search.errors import ShapeHintError
+
+    hints = _model_hints(file, shape_hint)
+    out = _sized_model_path(file, sized_model)
+    with tempfile.TemporaryDirectory(prefix="tilesearch-model-size-") as tmp:
+        try:
+            check_model_file(file)
+            static, still_dynamic = static_model(file, hints, Path(tmp))
+        except (ModelInputError, IRError, ShapeHintError) as exc:
+            raise _ir_failure(exc) from None
+        copy_model(static, out)
+    typer.echo(f"wrote {out}, {file.name} with its inputs sized {hints_shown(hints)}")
+    if still_dynamic:
+        typer.echo(f"still dynamic: {', '.join(a.name for a in still_dynamic)} (give them --shape-hint too)")
 
 
 @model_app.command("runs")

@@ -61,8 +61,13 @@ def sized_suffix(model: Path) -> str:
 
 
 def sized_for(hints: dict[str, list[int]], sized_model: str | None = None) -> str:
-    """What a spec of a model sized by `hints` matches, as its header says (service.measure.tuning_spec)."""
-    return f"the model with its inputs sized {hints_shown(hints)}" + (f": {sized_model}" if sized_model else "")
+    """What a spec of a model sized by `hints` matches, as its header says (service.measure.tuning_spec):
+    the sized model's file, or (a REST job's model, sized on the server) how to write it."""
+    sized = f"the model with its inputs sized {hints_shown(hints)}"
+    if sized_model:
+        return f"{sized}: {sized_model}"
+    flags = " ".join(f"--shape-hint {hint}" for hint in hints_shown(hints).split())
+    return f"{sized} (`tilesearch model size MODEL {flags}` writes it)"
 
 
 def dynamic_inputs(model: Path) -> list[Argument] | None:
