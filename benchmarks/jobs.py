@@ -67,6 +67,37 @@ def cpu_busy_s() -> float:
     return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
 
 
+def _stat(pid: int) -> tuple[str, int, float] | None:
+    """(command name, parent pid, CPU seconds used) of a live process, from /proc/PID/stat: its
+    own and its exited children's (IREE's tools run a moment each, counted once they are reaped)."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    name, rest = raw[raw.index("(") + 1:raw.rindex(")")], raw[raw.rindex(")") + 2:].split()
+    return name, int(rest[1]), sum(int(x) for x in rest[11:15]) / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_by_role(roles: dict[int, str]) -> dict[str, float]:
+    """CPU seconds used so far by each role's processes: a started process's own (`ROLE main`)
+    and its descendants' (`ROLE pool`, the sandbox evaluation processes), PostgreSQL's server
+    processes (`postgres`). Live processes only, so read before any is stopped."""
+    stats = {pid: st for pid in (int(d) for d in os.listdir("/proc") if d.isdigit()) if (st := _stat(pid))}
+    out: dict[str, float] = {}
+    for pid, (name, _ppid, cpu) in stats.items():
+        role, walk = None, pid
+        while walk in stats and role is None:  # up the parents to a started process
+            role, walk = roles.get(walk), stats[walk][1]
+        if role is not None:
+            key = f"{role} {'main' if pid in roles else 'pool'}"
+        elif name.startswith("postgres"):
+            key = "postgres"
+        else:
+            continue
+        out[key] = out.get(key, 0.0) + cpu
+    return out
+
+
 def epoch_s(t: datetime) -> float:
     return (t if t.tzinfo else t.replace(tzinfo=timezone.utc)).timestamp()
 
@@ -79,9 +110,11 @@ def busy_at(samples: list[tuple[float, float]], when: float) -> float:
     return samples[-1][1]
 
 
-def job_run(items: list[str], budget: int, workers: int, tmp: Path, port: int) -> tuple[float, float, float]:
+def job_run(items: list[str], budget: int, workers: int, tmp: Path,
+            port: int) -> tuple[float, float, float, dict[str, float]]:
     """(seconds from submit to the last item, seconds to the first finished item, the share of
-    the machine's cores busy meanwhile, ours and any other work's)."""
+    the machine's cores busy meanwhile, ours and any other work's, and the CPU seconds each role
+    used from submit to the end: API, each worker's own process and its evaluation pool, PostgreSQL)."""
     admin = create_engine(PG, isolation_level="AUTOCOMMIT")
     name = f"tilesearch_bench_{uuid.uuid4().hex[:8]}"
     with admin.connect() as c:
@@ -95,8 +128,10 @@ def job_run(items: list[str], budget: int, workers: int, tmp: Path, port: int) -
                                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                                          start_new_session=True))
         start("serve", "--port", str(port))
-        for _ in range(workers):
+        roles = {procs[-1].pid: "api"}
+        for w in range(workers):
             start("worker", "--concurrency", "1")
+            roles[procs[-1].pid] = f"worker{w + 1}"
         # One client for every request: httpx.get builds an SSL context per call (18 ms of CPU on
         # a Zen 5), and ten polls a second took a fifth of a core from the workers measured.
         client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30)
@@ -109,7 +144,7 @@ def job_run(items: list[str], budget: int, workers: int, tmp: Path, port: int) -
         time.sleep(3)  # the workers' start (imports, sandbox): not part of a job's throughput
         body = {"items": [{"name": f"item{i}", "module": m} for i, m in enumerate(items)], "hardware": "host-cpu",
                 "budget": budget, "reuse": False}
-        t0, busy0 = time.time(), cpu_busy_s()
+        t0, busy0, roles0 = time.time(), cpu_busy_s(), cpu_by_role(roles)
         job_id = client.post("/v1/jobs", json=body, timeout=60).json()["id"]
         # Polled as `job watch` does. When items finished is read off their finished_at, and the
         # cores' busy time at the last one interpolated between polls, so a faster poll would
@@ -120,12 +155,14 @@ def job_run(items: list[str], budget: int, workers: int, tmp: Path, port: int) -
             busy.append((time.time(), cpu_busy_s()))
         assert job["state"] == "succeeded", job
         busy.append((time.time(), cpu_busy_s()))
+        roles1 = cpu_by_role(roles)
         engine = create_engine(url)
         with engine.connect() as c:
             first, last = (epoch_s(t) for t in c.execute(
                 text("SELECT min(finished_at), max(finished_at) FROM job_items WHERE job_id = :j"), {"j": job_id}).one())
         engine.dispose()
-        return last - t0, first - t0, (busy_at(busy, last) - busy0) / ((last - t0) * (os.cpu_count() or 1))
+        used = {role: roles1[role] - roles0.get(role, 0.0) for role in sorted(roles1)}
+        return last - t0, first - t0, (busy_at(busy, last) - busy0) / ((last - t0) * (os.cpu_count() or 1)), used
     finally:
         if client is not None:
             client.close()
@@ -153,8 +190,8 @@ def main() -> None:
     print(f"machine: {cpu_model()}, {os.cpu_count()} cpus; load before: {os.getloadavg()[0]:.2f}")
     with tempfile.TemporaryDirectory(prefix="tilesearch-bench-jobs-") as tmp:
         seq = sequential_tune(items, args.budget, Path(tmp))
-        one, first1, busy1 = job_run(items, args.budget, 1, Path(tmp), 8801)
-        two, first2, busy2 = job_run(items, args.budget, 2, Path(tmp), 8802)
+        one, first1, busy1, used1 = job_run(items, args.budget, 1, Path(tmp), 8801)
+        two, first2, busy2, used2 = job_run(items, args.budget, 2, Path(tmp), 8802)
     rate = lambda s: args.items / s * 60  # noqa: E731
     print(f"{args.items} items, budget {args.budget} each; load after: {os.getloadavg()[0]:.2f}\n")
     print("| path | seconds | items/min | vs tune | first item done (s) | cores busy (all work) |")
@@ -163,6 +200,12 @@ def main() -> None:
     print(f"| job, 1 worker | {one:.1f} | {rate(one):.1f} | {seq / one:.2f} | {first1:.2f} | {busy1:.0%} |")
     print(f"| job, 2 workers | {two:.1f} | {rate(two):.1f} | {seq / two:.2f} | {first2:.2f} | {busy2:.0%} |")
     print(f"\n2 workers / 1 worker: {one / two:.2f}x")
+    print("\nCPU seconds from submit to the job's end, by role (main: the process itself; pool: its sandbox "
+          "evaluation processes; postgres: every PostgreSQL server process):\n")
+    print("| job | " + " | ".join(sorted(set(used1) | set(used2))) + " |")
+    print("| --- |" + " ---: |" * len(set(used1) | set(used2)))
+    for label, used in (("1 worker", used1), ("2 workers", used2)):
+        print(f"| {label} | " + " | ".join(f"{used.get(r, 0.0):.1f}" for r in sorted(set(used1) | set(used2))) + " |")
 
 
 if __name__ == "__main__":
