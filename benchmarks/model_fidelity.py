@@ -62,6 +62,7 @@ from service.measure.calibration_samples import Sample  # noqa: E402
 from service.measure.forcing import NotMeasurable  # noqa: E402
 from service.measure.timing import Measurement, measure_plans_and_default  # noqa: E402
 from service.measure.tools import BENCH_DEVICE, DISPATCH_REPEAT  # noqa: E402
+from service.search.engine import KEEP_START_MARGIN  # noqa: E402
 from service.search.guard import tune_from_iree_default  # noqa: E402
 
 CLASSES = ("M<=32", "square-ish", "tall-skinny", "batched")
@@ -113,6 +114,27 @@ def print_residuals(shapes: list[tuple[ShapeMeasurements, list[float], list[Samp
         xs = groups[key]
         if len(xs) >= 3:
             print(f"| {' | '.join(key)} | {len(xs)} | {math.exp(statistics.fmean(map(math.log, xs))):.2f} |")
+
+
+def geomean(xs: list[float]) -> float:
+    return math.exp(statistics.fmean(map(math.log, xs)))
+
+
+def grid_picks_vs_default(rows: list[tuple[ShapeMeasurements, dict, list[Sample]]]) -> dict[str, list[float]]:
+    """Per shape (its grid holding IREE's default, the last sample), IREE's default's measured
+    time over: the grid's best (an oracle choosing among the grid), the model's pick among the
+    grid, and that pick guarded as the single-module search guards its own (kept only when
+    predicted KEEP_START_MARGIN faster than IREE's default; else IREE's default, 1.00x)."""
+    out: dict[str, list[float]] = {"grid's best": [], "model's pick": [], "model's pick, guarded": []}
+    for r, x, ss in rows:
+        if r.default_plan is None or not r.default_s:
+            continue
+        predicted, pick = x["predicted"], ss[x["pick"]]
+        out["grid's best"].append(r.default_s / min(s.measured_s for s in ss))
+        out["model's pick"].append(r.default_s / pick.measured_s)
+        kept = predicted[x["pick"]] * (1 + KEEP_START_MARGIN) <= predicted[-1]
+        out["model's pick, guarded"].append(r.default_s / pick.measured_s if kept else 1.0)
+    return out
 
 
 def median(xs) -> float:
@@ -261,6 +283,15 @@ def report(key: str, args: argparse.Namespace) -> None:
                 if chosen:
                     print(f"| {label} | {half} | {cls} | {len(chosen)} | {median(x['rho'] for x in chosen):.2f} | "
                           f"{median(x['regret'] for x in chosen) * 100:.0f}% |")
+    print("\nWhat the grid holds against IREE's default (measured; geomean over the shapes, nominal model):\n")
+    print("| half | choice | shapes | geomean vs IREE's default | min | below 0.97x |")
+    print("|---|---|---|---|---|---|")
+    for half in ("held-out", "tune"):
+        for choice, ratios in grid_picks_vs_default([(r, x, ss) for r, lab, x, ss in rows
+                                                      if lab == "nominal" and r.shape.half == half]).items():
+            if ratios:
+                print(f"| {half} | {choice} | {len(ratios)} | {geomean(ratios):.2f}x | {min(ratios):.2f}x | "
+                      f"{sum(v < 0.97 for v in ratios)} |")
     if args.details:
         print("\n| shape | class | half | model | configs | rho | regret | pick | best | IREE default |")
         print("|---|---|---|---|---|---|---|---|---|---|")
