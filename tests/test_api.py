@@ -232,6 +232,11 @@ def test_a_model_job_with_dynamic_inputs_names_the_hints_and_with_them_tunes_the
         assert items.status_code == 422 and "give each item its own" in items.text
         unsized = client.post("/v1/jobs", json={**body, "sized_model": "mlp.sized.mlir"})
         assert unsized.status_code == 422 and 'give "shape_hints" too' in unsized.json()["detail"][0]["msg"]
+        # The name goes into the spec's header comment: one printable line naming an MLIR file.
+        for name, says in (("x.mlir\nbroken {", "on one line"), ("", "on one line"), ("x.txt", "*.mlir or *.onnx"),
+                           ("x.onnx", "the server sizes MLIR text")):
+            wrong = client.post("/v1/jobs", json={**body, "shape_hints": {"arg0": [16, 64]}, "sized_model": name})
+            assert wrong.status_code == 422 and says in wrong.text, (name, wrong.text)
 
 
 def test_an_items_bad_shape_hint_is_refused_on_submit_and_a_good_one_stored_as_lists(migrated_url):

@@ -366,6 +366,7 @@ def test_tune_without_a_spec_to_write_prints_its_answer_and_says_why(tmp_path):
     assert "best plan" in result.output  # the search's answer is not thrown away
     assert "the plan cannot be given to IREE as a config" in result.output
     assert "linalg.matmul (uid 1) has dynamic dims" in result.output and "static shapes only" in result.output
+    assert "tilesearch model size MODULE --shape-hint" in " ".join(result.output.split())  # how to get static shapes
     # A spec path tune cannot write is refused before the search, not with a traceback after it.
     for bad, why in ((tmp_path / "missing" / "spec.mlir", "does not exist"), (tmp_path, "is a directory")):
         result = CliRunner().invoke(app, ["tune", str(module), "--budget", "4", "--spec-out", str(bad)])

@@ -164,7 +164,10 @@ def test_model_size_writes_the_model_a_server_sized_job_compiled_and_refuses_wha
     assert _argument_types(server_sized)["main"][0] == "tensor<16x64xf32>"
     for args, says in ((["--shape-hint", "arg0=16"], "give 2 dims"),
                        (["--shape-hint", "arg0=16x64", "-o", "mlp.mlir"], "is the model itself"),
-                       (["--shape-hint", "arg0=16x64", "-o", "mlp.sized.onnx"], "name it *.mlir")):
+                       (["--shape-hint", "arg0=16x64", "-o", "mlp.sized.onnx"], "name it *.mlir"),
+                       (["--shape-hint", "arg0=16777217x64"], "out of range"),  # bounded as a request's hints
+                       (["--shape-hint", "arg0=16x64", "-o", "mlp.mlir/x.mlir"], "mlp.mlir is not a directory"),
+                       (["--shape-hint", "arg0=16x64", "-o", "/proc/tilesearch-sized.mlir"], "cannot write it")):
         refused = run("mlp.mlir", *args)
         assert refused.exit_code == 2 and says in refused.output, (args, refused.output)
     _two_input_onnx(tmp_path / "ids.onnx")
@@ -181,6 +184,8 @@ def test_a_spec_out_that_is_the_model_itself_is_refused_and_the_model_kept(tmp_p
     for command in (["model", "tune", str(model), "--no-store"], ["tune", str(model), "--budget", "4"]):
         result = CliRunner().invoke(app, [*command, "--spec-out", str(model)])
         assert result.exit_code == 2 and "is the input itself" in result.output, result.output
+        unwritable = CliRunner().invoke(app, [*command, "--spec-out", "/proc/tilesearch-spec.mlir"])
+        assert unwritable.exit_code == 2 and "cannot write it" in unwritable.output, unwritable.output
         assert model.read_text() == DYNAMIC_MLP
 
 

@@ -4,6 +4,7 @@ worker, turning the caller's mistakes into exit code 2, and a server's errors in
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -122,6 +123,21 @@ def _writable_spec_path(spec_out: Path | None, source: Path) -> None:
     if not spec_out.parent.is_dir():
         typer.echo(f"error: --spec-out {spec_out}: directory {spec_out.parent} does not exist", err=True)
         raise typer.Exit(2)
+    _check_writable(spec_out, "--spec-out")
+
+
+def _check_writable(path: Path, flag: str) -> None:
+    """A file can be written at `path` (made and removed when it is new): a folder the user may
+    not write to, or /proc, is refused before minutes of work, not with a traceback after."""
+    try:
+        if path.exists():
+            if not os.access(path, os.W_OK):
+                raise PermissionError(13, "permission denied")
+        else:
+            path.open("x").close()
+            path.unlink()
+    except OSError as exc:
+        raise _ir_failure(f"{flag} {path}: cannot write it ({exc.strerror or exc})") from None
 
 
 def _positive_seconds(value: float | None) -> float | None:
@@ -132,13 +148,14 @@ def _positive_seconds(value: float | None) -> float | None:
 
 
 def _model_hints(path: Path, items: list[str]) -> dict[str, list[int]]:
+    """--shape-hint for a model (an ONNX input also by its name), bounded as a request's."""
     from service.model_tuning.static_shapes import by_input_name
-    from service.search.errors import ShapeHintError
     from service.search.shapes import parse_shape_hints
+    from service.tiling.request import bounded_shape_hints
 
     try:
-        return parse_shape_hints(by_input_name(path, items))
-    except ShapeHintError as exc:
+        return bounded_shape_hints(parse_shape_hints(by_input_name(path, items))) or {}
+    except ValueError as exc:  # ShapeHintError among them
         raise _ir_failure(exc) from None
 
 
@@ -155,8 +172,10 @@ def _sized_model_path(model: Path, given: Path | None) -> Path:
     if out.is_dir():
         raise _ir_failure(f"--sized-model {out} is a directory: name the file the sized model is written to")
     if not out.resolve().parent.is_dir():
-        raise _ir_failure(f"--sized-model {out}: its directory {out.parent} does not exist")
+        raise _ir_failure(f"--sized-model {out}: {out.parent} is not a directory" if out.parent.exists() else
+                          f"--sized-model {out}: its directory {out.parent} does not exist")
     if out.suffix.lower() != suffix:
         raise _ir_failure(f"--sized-model {out}: the sized model is written as {suffix[1:].upper()}, like the model; "
                           f"name it *{suffix}")
+    _check_writable(out, "--sized-model")
     return out

@@ -39,7 +39,7 @@ def model_tune_cmd(
     from service.hardware.profiles import UnknownHardwareError, get_profile
     from service.ir.errors import IRError
     from service.model_tuning import ModelInputError, SpecNotApplied, tune_model
-    from service.search.errors import ShapeHintError
+    from service.search.errors import SearchInputError
 
     try:
         hw = get_profile(hardware)
@@ -63,7 +63,7 @@ def model_tune_cmd(
         try:
             report = tune_model(file, hw, spec_out, budget=budget, seconds=seconds, seed=seed,
                                 measure_top=measure_top, progress=progress, shape_hints=hints or None)
-        except (ModelInputError, IRError, ShapeHintError) as exc:
+        except (ModelInputError, IRError, SearchInputError) as exc:  # a hint, or a model too large for memory
             raise _ir_failure(exc) from None
         except SpecNotApplied as exc:
             typer.echo(f"error: {exc}", err=True)

@@ -107,6 +107,18 @@ class JobRequest(BaseModel):
     def _model_hints_as_lists(cls, hints: ShapeHints | None) -> ShapeHints | None:
         return bounded_shape_hints(hints)
 
+    @field_validator("sized_model")
+    @classmethod
+    def _a_file_name(cls, name: str | None) -> str | None:
+        """Written into the spec's header comment: one printable line naming a model file."""
+        if name is None:
+            return name
+        if not name.strip() or any(c < " " or c == "\x7f" for c in name):
+            raise ValueError('"sized_model" is the sized model\'s file name: printable characters on one line')
+        if not name.lower().endswith((".mlir", ".onnx")):
+            raise ValueError(f'"sized_model" {name!r}: a sized model is written as *.mlir or *.onnx, like the model')
+        return name
+
     @model_validator(mode="after")
     def _one_input(self) -> "JobRequest":
         if sum(x is not None for x in (self.items, self.model, self.dispatches)) != 1:
@@ -116,6 +128,9 @@ class JobRequest(BaseModel):
             raise ValueError('"shape_hints" size a model\'s inputs: give each item its own "shape_hints" instead')
         if self.sized_model is not None and self.shape_hints is None:
             raise ValueError('"sized_model" names the model sized by "shape_hints": give "shape_hints" too')
+        if self.sized_model is not None and self.model is not None and not self.sized_model.lower().endswith(".mlir"):
+            raise ValueError(f'"sized_model" {self.sized_model!r}: the server sizes MLIR text, so the model so '
+                             "sized is *.mlir")
         if self.items is not None and not self.items:
             raise ValueError('"items" is empty: give at least one module')
         names = ([i.name for i in self.items] if self.items is not None else

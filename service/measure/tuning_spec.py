@@ -228,7 +228,8 @@ def why_no_spec(graph: OpGraph, plan: Plan) -> str:
     dynamic = [op for op in anchors if op.kind == "contraction" and any(r is None for r in op.loop_ranges)]
     if dynamic:
         return (f"{dynamic[0].name} (uid {dynamic[0].uid}) has dynamic dims: IREE's contraction matcher checks every "
-                "dim size, so a spec is for static shapes only")
+                "dim size, so a spec is for static shapes only (shape hints size the search, not the module: give the "
+                "module static shapes, e.g. as `tilesearch model size MODULE --shape-hint ...` writes it)")
     own = [why for op in anchors if op.kind == "contraction" and (why := iree_keeps_own_pipeline(op))]
     if own:
         return own[0]
