@@ -209,6 +209,21 @@ def test_a_model_job_from_dispatches_formed_on_the_client(migrated_url):
         assert "not a CPU profile" in refused(hardware="gpu-h100")
 
 
+# Two dynamic inputs; a hint for the first makes the matmul static, the second's add stays dynamic.
+HALF_HINTED = """
+func.func @main(%x: tensor<?x64xf32>, %w: tensor<64x128xf32>, %y: tensor<?x128xf32>) -> (tensor<?x128xf32>, tensor<?x128xf32>) {
+  %c0 = arith.constant 0 : index
+  %zero = arith.constant 0.0 : f32
+  %rows = tensor.dim %x, %c0 : tensor<?x64xf32>
+  %e = tensor.empty(%rows) : tensor<?x128xf32>
+  %f = linalg.fill ins(%zero : f32) outs(%e : tensor<?x128xf32>) -> tensor<?x128xf32>
+  %h = linalg.matmul ins(%x, %w : tensor<?x64xf32>, tensor<64x128xf32>) outs(%f : tensor<?x128xf32>) -> tensor<?x128xf32>
+  %z = arith.addf %y, %y : tensor<?x128xf32>
+  return %h, %z : tensor<?x128xf32>, tensor<?x128xf32>
+}
+"""
+
+
 def test_a_model_job_with_dynamic_inputs_names_the_hints_and_with_them_tunes_the_sized_dispatches(migrated_url):
     from test_model_static_shapes import DYNAMIC_MLP
 
@@ -232,6 +247,15 @@ def test_a_model_job_with_dynamic_inputs_names_the_hints_and_with_them_tunes_the
         assert items.status_code == 422 and "give each item its own" in items.text
         unsized = client.post("/v1/jobs", json={**body, "sized_model": "mlp.sized.mlir"})
         assert unsized.status_code == 422 and 'give "shape_hints" too' in unsized.json()["detail"][0]["msg"]
+        # An input the hints leave open is kept with the job, for its spec's header to name.
+        half = client.post("/v1/jobs", json={"model": HALF_HINTED, "hardware": "host-cpu", "budget": 2,
+                                             "shape_hints": {"arg0": [16, 64]}})
+        assert half.status_code == 202, half.text
+        options = client.get(f"/v1/jobs/{half.json()['id']}").json()["options"]
+        assert options["still_dynamic"] == ["arg2 (tensor<?x128xf32>)"], options
+        forged = client.post("/v1/jobs", json={"dispatches": {"tunable": [], "still_dynamic": ["arg0\n}"]},
+                                               "hardware": "host-cpu"})
+        assert forged.status_code == 422 and "one printable line" in forged.text, forged.text
         # The name goes into the spec's header comment: one printable line naming an MLIR file.
         for name, says in (("x.mlir\nbroken {", "on one line"), ("", "on one line"), ("x.txt", "*.mlir or *.onnx"),
                            ("x.onnx", "the server sizes MLIR text")):

@@ -323,6 +323,10 @@ def test_a_jobs_merged_spec_says_which_items_it_leaves_out():
     named, _ = merged_spec([("layer 1", static, plan(static), None)], host_cpu=False, shape_hints={"arg0": [16, 64]},
                            sized_model="mlp.sized.onnx")
     assert "// matches the model with its inputs sized arg0=16x64: mlp.sized.onnx\n" in named
+    left_open, _ = merged_spec([("layer 1", static, plan(static), None)], host_cpu=False, shape_hints={"arg0": [16, 64]},
+                               sized_model="mlp.sized.mlir", still_dynamic=["arg2 (tensor<?x128xf32>)"])
+    assert ("// matches the model with its inputs sized arg0=16x64: mlp.sized.mlir; still dynamic: arg2 "
+            "(tensor<?x128xf32>) (size them too to run the model)\n") in left_open
     assert "// matches" not in spec
 
 

@@ -241,3 +241,15 @@ def test_the_spec_of_a_hinted_model_ships_with_the_model_so_sized_and_iree_appli
         bench = CliRunner().invoke(app, ["model", "bench", str(static), "--spec", str(spec), "--rounds", "1",
                                          "--function", "@main_graph"])
         assert bench.exit_code == 0 and "the spec changed" in bench.output, bench.output
+
+
+def test_a_dynamic_models_inputs_cannot_be_made_and_the_error_names_model_size():
+    """`model bench` makes a model's inputs; an open dim says how to size the model."""
+    from service.measure.tools import ToolFailure
+    from service.measure.whole_model import model_arguments
+
+    with pytest.raises(ToolFailure, match=r"argument 0 of @main is tensor<\?x64xf32>, not a static tensor.*"
+                                          r"tilesearch model size MODEL --shape-hint arg0="):
+        model_arguments(DYNAMIC_MLP)
+    sized, _ = static_mlir_text(DYNAMIC_MLP.encode(), "the model", {"arg0": [16, 64]})
+    assert [a.shape for a in model_arguments(sized)] == [(16, 64), (64, 128), (128, 64)]

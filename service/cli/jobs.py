@@ -88,7 +88,7 @@ def _model_dispatches(path: Path, hints: dict[str, list[int]], sized_out: Path |
     from service.jobs.tasks import model_file_items
     from service.model_tuning import ModelInputError
     from service.model_tuning.model_input import check_model_file, importable_model
-    from service.model_tuning.static_shapes import all_dynamic_message, copy_model, dynamic_inputs, static_model
+    from service.model_tuning.static_shapes import all_dynamic_message, copy_model, dynamic_inputs, input_labels, static_model
     from service.search.errors import ShapeHintError
 
     if path.suffix.lower() == ".mlir":
@@ -103,6 +103,7 @@ def _model_dispatches(path: Path, hints: dict[str, list[int]], sized_out: Path |
                 inputs = still_dynamic if hints else dynamic_inputs(path)
                 raise ModelInputError(all_dynamic_message(path.name, dynamic, len(found.left_to_iree), inputs,
                                                           bool(hints)))
+            found.still_dynamic = input_labels(still_dynamic or [])
         except (ModelInputError, ShapeHintError) as exc:
             raise _ir_failure(exc) from None
         if why := found.why_nothing_to_tune(path.name):  # as the server would refuse it, said before any request

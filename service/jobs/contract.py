@@ -48,6 +48,11 @@ class LeftToIree(BaseModel):
                                                      "would make it static")
 
 
+def _one_printable_line(text: str) -> bool:
+    """Text a spec's header comment can carry as it is: one line, no control characters."""
+    return bool(text.strip()) and not any(c < " " or c == "\x7f" for c in text)
+
+
 class ModelItems(BaseModel):
     """A model's dispatches as a job takes them: the tunable ones, and why the others are not."""
 
@@ -55,6 +60,16 @@ class ModelItems(BaseModel):
 
     tunable: list[ModelDispatch] = Field(max_length=MAX_ITEMS)
     left_to_iree: list[LeftToIree] = Field(default_factory=list, max_length=10 * MAX_ITEMS)
+    still_dynamic: list[str] = Field(default_factory=list, max_length=1000,
+                                     description="the model's inputs its shape hints left open, `argN (type)`")
+
+    @field_validator("still_dynamic")
+    @classmethod
+    def _header_lines(cls, inputs: list[str]) -> list[str]:
+        """Named in the spec's header comment."""
+        if bad := [i for i in inputs if len(i) > 500 or not _one_printable_line(i)]:
+            raise ValueError(f'"still_dynamic" {bad[0][:80]!r}: one printable line of at most 500 characters each')
+        return inputs
 
     def only_dynamic(self) -> list[str] | None:
         """The dispatches left to IREE for their dynamic shapes when nothing else tunes (the model
@@ -113,7 +128,7 @@ class JobRequest(BaseModel):
         """Written into the spec's header comment: one printable line naming a model file."""
         if name is None:
             return name
-        if not name.strip() or any(c < " " or c == "\x7f" for c in name):
+        if not _one_printable_line(name):
             raise ValueError('"sized_model" is the sized model\'s file name: printable characters on one line')
         if not name.lower().endswith((".mlir", ".onnx")):
             raise ValueError(f'"sized_model" {name!r}: a sized model is written as *.mlir or *.onnx, like the model')

@@ -57,7 +57,7 @@ class JobService:
         hardware = rt.tiling.hardware.resolve(request.hardware)  # an unknown name is the caller's 404
         if request.measure_top:  # as a tiling request's: refused now, not item by item on a worker
             rt.tiling.check_measurable_here(hardware)
-        notes = None
+        notes, still_dynamic = None, []
         hints = request.shape_hints or None  # a model's only, as lists (JobRequest bounds them)
         if request.is_model:
             if not hardware.is_cpu:
@@ -67,6 +67,7 @@ class JobService:
                                                          timeout=rt.settings.request_timeout_s * 5)
             new_items = [jobs.NewItem(d.name, d.module, None, d.weight) for d in found.tunable]
             notes = {"left_to_iree": [d.model_dump(exclude={"dynamic"}) for d in found.left_to_iree]}
+            still_dynamic = found.still_dynamic
             if why := found.why_nothing_to_tune("the model"):
                 raise ValueError(why)
         else:
@@ -78,6 +79,8 @@ class JobService:
             options["shape_hints"] = hints
             if request.sized_model:
                 options["sized_model"] = request.sized_model
+            if still_dynamic:
+                options["still_dynamic"] = still_dynamic
         with session_scope(rt.sessions) as session:
             job = jobs.create_job(session, kind="model" if request.is_model else "items",
                                   hardware=hardware_json, options=options, queue=queue, items=new_items, notes=notes)
@@ -133,7 +136,8 @@ class JobService:
             state = jobs.summarise(session, job).state
         host_cpu = _hardware_name(job) == HOST_CPU
         spec, left_out = (rt.sandbox.run(merged_spec, plans, host_cpu, job.options.get("shape_hints"),
-                                         job.options.get("sized_model"), timeout=rt.settings.request_timeout_s)
+                                         job.options.get("sized_model"), job.options.get("still_dynamic"),
+                                         timeout=rt.settings.request_timeout_s)
                           if plans else (None, []))
         if spec is None:
             why = (f": {'; '.join(left_out)}" if left_out else

@@ -12,7 +12,8 @@ from service.ir.plan import Plan
 from service.measure.tools import host_translation_info
 from service.measure.tuning_spec import ContractionMatcher, contraction_matcher, symbol_part, tuning_spec, why_no_spec
 from service.model_tuning.model_input import ModelInputError
-from service.model_tuning.static_shapes import all_dynamic_message, mlir_dynamic_inputs, sized_for, static_mlir_text
+from service.model_tuning.static_shapes import (all_dynamic_message, input_labels, mlir_dynamic_inputs, sized_for,
+                                                static_mlir_text)
 from service.model_tuning.tune import classify_dispatches
 
 from .contract import LeftToIree, ModelDispatch, ModelItems
@@ -33,6 +34,7 @@ def model_items(model_text: str, shape_hints: dict[str, list[int]] | None = None
             inputs = still_dynamic if shape_hints else mlir_dynamic_inputs(model.read_bytes())
             raise ModelInputError(all_dynamic_message("the model", dynamic, len(found.left_to_iree), inputs,
                                                       bool(shape_hints), in_request=True))
+        found.still_dynamic = input_labels(still_dynamic or [])
         return found
 
 
@@ -47,15 +49,15 @@ def model_file_items(model: Path, workdir: Path) -> ModelItems:
 
 
 def merged_spec(items: list[tuple[str, str, dict, str | None]], host_cpu: bool,
-                shape_hints: dict[str, list[int]] | None = None,
-                sized_model: str | None = None) -> tuple[str | None, list[str]]:
+                shape_hints: dict[str, list[int]] | None = None, sized_model: str | None = None,
+                still_dynamic: list[str] | None = None) -> tuple[str | None, list[str]]:
     """One tuning spec for the items' plans, `(name, module text, plan, why the decision has no
     spec as stored with it, or None)` heaviest first: a matcher per distinct contraction anchor
     (the first, heaviest, item's config wins a shared one), and why each item that adds none is
     left out (the decision's own reason, e.g. IREE's default kept, else read off its plan). The
     spec is None when no plan configures a contraction; otherwise its text opens with those
-    reasons as comments (and, for a model sized by `shape_hints`, the sizes it matches and the
-    sized model's file name, when the client gave it)."""
+    reasons as comments (and, for a model sized by `shape_hints`, the sizes it matches, the sized
+    model's file name when the client gave it, and the inputs the hints left open)."""
     translation = host_translation_info() if host_cpu else None
     matchers: dict[tuple, ContractionMatcher] = {}
     left_out: list[str] = []
@@ -76,5 +78,5 @@ def merged_spec(items: list[tuple[str, str, dict, str | None]], host_cpu: bool,
     if not matchers:
         return None, left_out
     notes = "".join(f"// not in this spec: {line}\n" for line in left_out)
-    for_model = sized_for(shape_hints, sized_model) if shape_hints else None
+    for_model = sized_for(shape_hints, sized_model, still_dynamic) if shape_hints else None
     return notes + tuning_spec(list(matchers.values()), for_model=for_model), left_out

@@ -177,7 +177,8 @@ def _static_tensor(t: ir.Type, i: int, function: str) -> ArgumentSpec:
     t = t.maybe_downcast() if hasattr(t, "maybe_downcast") else t
     if not isinstance(t, ir.RankedTensorType) or not t.has_static_shape:
         raise ToolFailure(f"argument {i} of @{function} is {t}, not a static tensor: export the model with static shapes, "
-                          "or give it sizes (`model tune --shape-hint` writes the model so sized beside its spec)")
+                          f"or give it sizes (`tilesearch model size MODEL --shape-hint arg{i}=...` writes the model so sized; "
+                          "`model tune --shape-hint` writes it beside its spec)")
     return ArgumentSpec(tuple(t.shape), str(t.element_type))
 
 

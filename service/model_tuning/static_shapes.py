@@ -60,14 +60,20 @@ def sized_suffix(model: Path) -> str:
     return ONNX_SUFFIX if model.suffix.lower() == ONNX_SUFFIX else ".mlir"
 
 
-def sized_for(hints: dict[str, list[int]], sized_model: str | None = None) -> str:
+def sized_for(hints: dict[str, list[int]], sized_model: str | None = None, still_dynamic: list[str] | None = None) -> str:
     """What a spec of a model sized by `hints` matches, as its header says (service.measure.tuning_spec):
-    the sized model's file, or (a REST job's model, sized on the server) how to write it."""
+    the sized model's file, or (a REST job's model, sized on the server) how to write it; and the
+    inputs the hints left open (`argN (type)`), which IREE may still size through shared dims
+    but which a run of the model (`model bench`) needs sized."""
     sized = f"the model with its inputs sized {hints_shown(hints)}"
     if sized_model:
-        return f"{sized}: {sized_model}"
-    flags = " ".join(f"--shape-hint {hint}" for hint in hints_shown(hints).split())
-    return f"{sized} (`tilesearch model size MODEL {flags}` writes it)"
+        sized = f"{sized}: {sized_model}"
+    else:
+        flags = " ".join(f"--shape-hint {hint}" for hint in hints_shown(hints).split())
+        sized = f"{sized} (`tilesearch model size MODEL {flags}` writes it)"
+    if still_dynamic:
+        sized += f"; still dynamic: {', '.join(still_dynamic)} (size them too to run the model)"
+    return sized
 
 
 def dynamic_inputs(model: Path) -> list[Argument] | None:
@@ -98,8 +104,13 @@ def hint_example(arguments: list[Argument]) -> str:
     return " ".join(f"--shape-hint {a.name}=" + "x".join(map(str, _sizes_or_one(a))) for a in arguments)
 
 
+def input_labels(arguments: list[Argument]) -> list[str]:
+    """`argN (type)` for each argument."""
+    return [f"{a.name} ({a.type})" for a in arguments]
+
+
 def inputs_shown(arguments: list[Argument]) -> str:
-    return ", ".join(f"{a.name} ({a.type})" for a in arguments)
+    return ", ".join(input_labels(arguments))
 
 
 def mlir_arguments(source: bytes) -> list[Argument] | None:

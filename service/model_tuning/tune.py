@@ -63,7 +63,8 @@ from service.search.task_scheduler import TaskState, schedule
 
 from .in_model import RootUnderTest, confirm_in_model, time_in_model, whole_build_choice, whole_model_shortfall
 from .model_input import ModelInputError, check_model_file, importable_model, refused_as
-from .static_shapes import all_dynamic_message, copy_model, dynamic_inputs, remove_model, sized_for, static_model, static_model_name
+from .static_shapes import (all_dynamic_message, copy_model, dynamic_inputs, input_labels, remove_model, sized_for, static_model,
+                            static_model_name)
 
 ProgressFn = Callable[[str, int, int], None]  # (dispatch name, slices done, slices in all)
 _UNTIMED_MEASURED_ONLY = ("no plan of this dispatch could be timed inside the model, and its config ships only when "
@@ -575,7 +576,8 @@ def tune_model(model: Path, hardware: HardwareModel, spec_out: Path, *, budget: 
             tuned[c.dispatch.entry] = (c, matcher.lowering_config)
             searches.append(_search_record(c, measure_top))
         if matchers:
-            for_model = sized_for(shape_hints, static_out.name) if static_out and shape_hints else None
+            for_model = (sized_for(shape_hints, static_out.name, input_labels(still_dynamic or []))
+                         if static_out and shape_hints else None)
             spec_out.write_text(tuning_spec(list(matchers.values()), for_model=for_model))
         else:  # an older spec (and the model sized for it) left at the path would be taken for this run's
             spec_out.unlink(missing_ok=True)
@@ -605,7 +607,7 @@ def tune_model(model: Path, hardware: HardwareModel, spec_out: Path, *, budget: 
     return ModelTuneReport(model=str(model), hardware=hardware.name, dispatches=reports,
                            spec=str(spec_out) if matchers else None,
                            static_model=str(static_out) if static_out is not None and matchers else None,
-                           dynamic_inputs=[f"{a.name} ({a.type})" for a in still_dynamic or []],
+                           dynamic_inputs=input_labels(still_dynamic or []),
                            predicted_total_s=predicted, verified=verify and bool(tuned) and not problems,
                            iree_default_measured_model_s=measured_model.default_median_s if measured_model else None,
                            measured_model_s=measured_model.tuned_median_s if measured_model else None,
