@@ -253,3 +253,30 @@ def test_a_dynamic_models_inputs_cannot_be_made_and_the_error_names_model_size()
         model_arguments(DYNAMIC_MLP)
     sized, _ = static_mlir_text(DYNAMIC_MLP.encode(), "the model", {"arg0": [16, 64]})
     assert [a.shape for a in model_arguments(sized)] == [(16, 64), (64, 128), (128, 64)]
+
+
+def test_the_example_hint_for_an_input_left_open_agrees_with_the_sizes_given():
+    """The batch a hint gives the LHS is the RHS's too (one loop): the example says so, where it
+    said 1 and the next try failed with "shape hints disagree"."""
+    from service.model_tuning.static_shapes import hint_example
+
+    bmm = """
+func.func @main(%a: tensor<?x?x64xf32>, %b: tensor<?x64x?xf32>) -> tensor<?x?x?xf32> {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %c2 = arith.constant 2 : index
+  %zero = arith.constant 0.0 : f32
+  %n = tensor.dim %a, %c0 : tensor<?x?x64xf32>
+  %m = tensor.dim %a, %c1 : tensor<?x?x64xf32>
+  %k = tensor.dim %b, %c2 : tensor<?x64x?xf32>
+  %e = tensor.empty(%n, %m, %k) : tensor<?x?x?xf32>
+  %f = linalg.fill ins(%zero : f32) outs(%e : tensor<?x?x?xf32>) -> tensor<?x?x?xf32>
+  %r = linalg.batch_matmul ins(%a, %b : tensor<?x?x64xf32>, tensor<?x64x?xf32>) outs(%f : tensor<?x?x?xf32>) -> tensor<?x?x?xf32>
+  return %r : tensor<?x?x?xf32>
+}
+"""
+    _, still = static_mlir_text(bmm.encode(), "bmm.mlir", {"arg0": [2, 16, 64]})
+    assert [a.name for a in still] == ["arg1"]
+    assert hint_example(still) == "--shape-hint arg1=2x64x1"
+    _, both = static_mlir_text(bmm.encode(), "bmm.mlir", {"arg0": [2, 16, 64], "arg1": [2, 64, 8]})
+    assert both == []

@@ -15,6 +15,7 @@ matches the model with those sizes, which is written beside the spec to compile 
 from __future__ import annotations
 
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import onnx
@@ -26,7 +27,7 @@ from service.ir.parse import check_tensor_semantics, parse_module
 from service.ir.sandbox import Sandbox
 from service.ir.specialize import public_functions, specialize_arguments
 from service.search.errors import ShapeHintError
-from service.search.shapes import Argument, check_hints_agree, check_shape_hints, function_arguments
+from service.search.shapes import Argument, check_hints_agree, check_shape_hints, function_arguments, implied_sizes
 
 ONNX_SUFFIX = ".onnx"
 # Parsing a model with its weights inline takes seconds to minutes (DistilBERT's 150 MB: 87 s).
@@ -131,8 +132,10 @@ def static_mlir_text(source: bytes, name: str, hints: dict[str, list[int]]) -> t
                                  "export, or export the model with static shapes")
         check_shape_hints(hints, _arguments(module))
         check_hints_agree(module, hints)
+        implied = implied_sizes(module, hints)
         specialize_arguments(module, hints)
-        return str(module), [a for a in _arguments(module) if a.dynamic_dims]
+        return str(module), [replace(a, implied=tuple(implied.get((a.func, a.index), {}).items()))
+                             for a in _arguments(module) if a.dynamic_dims]
 
 
 def _is_framework(module: ir.Module) -> str | None:
@@ -275,7 +278,9 @@ def all_dynamic_message(model: str, dynamic: list[str], formed: int, inputs: lis
 
 
 def _sizes_or_one(argument: Argument) -> list[int]:
-    return [s or 1 for s in argument.shape or ()]
+    """An example shape: the open dims as other arguments fix them (a shared loop), else 1."""
+    implied = dict(argument.implied)
+    return [s or implied.get(d, 1) for d, s in enumerate(argument.shape or ())]
 
 
 def hints_shown(hints: dict[str, list[int]] | None) -> str:

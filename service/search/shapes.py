@@ -37,6 +37,8 @@ class Argument:
     func: str
     type: str  # as MLIR prints it, e.g. tensor<?x768xf32>
     shape: tuple[int | None, ...] | None  # None dims are dynamic; None: not a ranked shaped type
+    # Sizes of open dims that other arguments fix through a loop they share (implied_sizes).
+    implied: tuple[tuple[int, int], ...] = ()
 
     @property
     def dynamic_dims(self) -> list[int]:
@@ -300,6 +302,27 @@ def check_shapes(module: ir.Module, graph: OpGraph, hints: dict[str, list[int]],
     return arguments
 
 
+def _loop_reads(module: ir.Module, hints: dict[str, list[int]]):
+    """Each linalg op reading function arguments directly: (function, op, [(argN, its dim, the
+    op's loop dim, the dim's size as hinted or typed, -1 when still open)]); in a context."""
+    for name, func in _defined_functions(module):
+        args = list(func.regions[0].blocks[0].arguments)
+        for op in walk_ops(func.operation):
+            maps = linalg.get_indexing_maps(op) if op.name.startswith("linalg.") else None
+            if maps is None or len(maps) != len(op.operands):
+                continue
+            reads = []
+            for value, amap in zip(op.operands, maps):
+                if not isinstance(value, ir.BlockArgument) or value not in args or not isinstance(value.type, ir.RankedTensorType):
+                    continue
+                hint = hint_for(hints, name, value.arg_number)
+                shape = list(hint) if hint is not None else list(ir.RankedTensorType(value.type).shape)
+                for d, e in enumerate(ir.AffineMapAttr(amap).value.results):
+                    if isinstance(e, ir.AffineDimExpr) and d < len(shape):
+                        reads.append((value.arg_number, d, ir.AffineDimExpr(e).position, shape[d] if shape[d] >= 0 else -1))
+            yield name, op, reads
+
+
 def check_hints_agree(module: ir.Module, hints: dict[str, list[int]]) -> None:
     """Two arguments an op reads along the same loop dim must be as long there: a batch matmul
     given arg0=4x128x64 and arg1=8x64x128 has no batch size (the cost model would take the
@@ -307,28 +330,31 @@ def check_hints_agree(module: ir.Module, hints: dict[str, list[int]]) -> None:
     if not hints:
         return
     with context():
-        for name, func in _defined_functions(module):
-            args = list(func.regions[0].blocks[0].arguments)
-            for op in walk_ops(func.operation):
-                maps = linalg.get_indexing_maps(op) if op.name.startswith("linalg.") else None
-                if maps is None or len(maps) != len(op.operands):
+        for name, op, reads in _loop_reads(module, hints):
+            seen: dict[int, tuple[str, int, int]] = {}  # loop dim -> (argN, its dim, size)
+            for index, d, loop, size in reads:
+                if size < 0:
                     continue
-                seen: dict[int, tuple[str, int, int]] = {}  # loop dim -> (argN, its dim, size)
-                for value, amap in zip(op.operands, maps):
-                    if not isinstance(value, ir.BlockArgument) or value not in args or not isinstance(value.type, ir.RankedTensorType):
-                        continue
-                    hint = hint_for(hints, name, value.arg_number)
-                    shape = list(hint) if hint is not None else list(ir.RankedTensorType(value.type).shape)
-                    for d, e in enumerate(ir.AffineMapAttr(amap).value.results):
-                        if not isinstance(e, ir.AffineDimExpr) or d >= len(shape) or shape[d] < 0:
-                            continue
-                        here = (f"arg{value.arg_number}", d, shape[d])
-                        first = seen.setdefault(ir.AffineDimExpr(e).position, here)
-                        if first[2] != here[2]:
-                            raise ShapeHintError(
-                                f"shape hints disagree: {op.name} in @{name} reads dim {first[1]} of {first[0]} "
-                                f"({first[2]}) and dim {d} of {here[0]} ({here[2]}) as the same loop; "
-                                "give both the same size")
+                here = (f"arg{index}", d, size)
+                first = seen.setdefault(loop, here)
+                if first[2] != here[2]:
+                    raise ShapeHintError(
+                        f"shape hints disagree: {op.name} in @{name} reads dim {first[1]} of {first[0]} "
+                        f"({first[2]}) and dim {d} of {here[0]} ({here[2]}) as the same loop; "
+                        "give both the same size")
+
+
+def implied_sizes(module: ir.Module, hints: dict[str, list[int]]) -> dict[tuple[str, int], dict[int, int]]:
+    """(function, argN) -> {dim: size} for the open dims of arguments an op reads along a loop
+    that another argument (hinted or static) fixes: what a hint for them must say to agree."""
+    out: dict[tuple[str, int], dict[int, int]] = {}
+    with context():
+        for name, _op, reads in _loop_reads(module, hints):
+            known = {loop: size for _i, _d, loop, size in reads if size >= 0}
+            for index, d, loop, size in reads:
+                if size < 0 and loop in known:
+                    out.setdefault((name, index), {})[d] = known[loop]
+    return out
 
 
 # --------------------------------------------------------------------------- buckets
