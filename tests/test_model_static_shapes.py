@@ -173,6 +173,7 @@ def test_model_size_writes_the_model_a_server_sized_job_compiled_and_refuses_wha
     _two_input_onnx(tmp_path / "ids.onnx")
     named = run("ids.onnx", "--shape-hint", "mask=2x16", "-o", "ids2x16.onnx")
     assert named.exit_code == 0, named.output
+    assert "its inputs: arg0 (ids: INT64[2,16]), arg1 (mask: INT64[2,16])" in named.output, named.output
     sized = [[d.dim_value for d in v.type.tensor_type.shape.dim] for v in onnx.load("ids2x16.onnx").graph.input]
     assert sized == [[2, 16], [2, 16]]  # the mask by its name, the ids through the dims they share
 
