@@ -148,7 +148,8 @@ def model_size_cmd(
     from service.ir.errors import IRError
     from service.model_tuning import ModelInputError
     from service.model_tuning.model_input import check_model_file
-    from service.model_tuning.static_shapes import copy_model, hints_shown, input_labels, onnx_arguments, static_model
+    from service.model_tuning.static_shapes import (ONNX_SUFFIX, copy_model, hints_shown, input_labels, onnx_arguments,
+                                                    static_model)
     from service.search.errors import ShapeHintError
 
     hints = _model_hints(file, shape_hint)
@@ -161,7 +162,7 @@ def model_size_cmd(
             raise _ir_failure(exc) from None
         copy_model(static, out)
     typer.echo(f"wrote {out}, {file.name} with its inputs sized {hints_shown(hints)}")
-    if out.suffix.lower() == ".onnx":  # by the graph's own names, and those sized through a shared dim name
+    if out.suffix.lower() == ONNX_SUFFIX:  # by the graph's own names, and those sized through a shared dim name
         inputs = onnx_arguments(onnx.load(str(out), load_external_data=False).graph)
         typer.echo(f"its inputs: {', '.join(input_labels(inputs))}")
     if still_dynamic:

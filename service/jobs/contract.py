@@ -5,8 +5,8 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from service.hardware.model import HardwareModel
-from service.tiling.contract import ShapeHints, Strategy
-from service.tiling.request import bounded_shape_hints
+from service.tiling.contract import Strategy
+from service.tiling.request import BoundedShapeHints
 
 MAX_ITEMS = 2000
 
@@ -16,13 +16,8 @@ class JobItemIn(BaseModel):
 
     name: str = Field(min_length=1, max_length=200)
     module: str = Field(min_length=1, description="MLIR module text")
-    shape_hints: ShapeHints | None = None
-
-    @field_validator("shape_hints")
-    @classmethod
-    def _hints_as_lists(cls, hints: ShapeHints | None) -> ShapeHints | None:
-        """As a tiling request's: a bad hint is refused on submit, not item by item on a worker."""
-        return bounded_shape_hints(hints)
+    # As a tiling request's: a bad hint is refused on submit, not item by item on a worker.
+    shape_hints: BoundedShapeHints | None = None
 
 
 class ModelDispatch(BaseModel):
@@ -99,7 +94,7 @@ class JobRequest(BaseModel):
         default=None, description="a model's dispatches as IREE formed them on the client (`tilesearch job submit "
                                   "MODEL` sends these, so a model's weights never cross the wire): the tunable ones "
                                   "become the items, with their weights")
-    shape_hints: ShapeHints | None = Field(
+    shape_hints: BoundedShapeHints | None = Field(
         default=None, description='a model\'s dynamic inputs sized, {"arg0": [1, 128]} (argN: its N-th input), as '
                                   "`model tune --shape-hint` sizes them: the job tunes the model so sized and its spec "
                                   'matches that model. With "dispatches", the sizes the client gave them (for the spec)')
@@ -116,11 +111,6 @@ class JobRequest(BaseModel):
                              description="K best plans per item timed with IREE on the worker; such items run only on "
                                          "workers of the job's hardware")
     reuse: bool = Field(default=True, strict=True)
-
-    @field_validator("shape_hints")
-    @classmethod
-    def _model_hints_as_lists(cls, hints: ShapeHints | None) -> ShapeHints | None:
-        return bounded_shape_hints(hints)
 
     @field_validator("sized_model")
     @classmethod

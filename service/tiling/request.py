@@ -11,9 +11,9 @@ Bounds (a 422 names the one broken):
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from service.hardware.model import HardwareModel
 from service.search.shapes import parse_shape_hints
@@ -57,6 +57,10 @@ def bounded_shape_hints(hints: ShapeHints | None) -> ShapeHints | None:
     return parsed
 
 
+# Shape hints as every request takes them (a tiling request, a job's model and each of its items).
+BoundedShapeHints = Annotated[ShapeHints, AfterValidator(bounded_shape_hints)]
+
+
 class TilingRequest(BaseModel):
     # Strict where a lax coercion would change the request: `true` is not a budget of 1.
     model_config = ConfigDict(extra="forbid")
@@ -69,7 +73,7 @@ class TilingRequest(BaseModel):
                                   description="search time limit (at most 0.8 x the server's request timeout)")
     strategy: Strategy = "tpe"
     seed: int = Field(default=0, ge=0, le=2**31 - 1, strict=True)
-    shape_hints: ShapeHints | None = Field(
+    shape_hints: BoundedShapeHints | None = Field(
         default=None, description='every dim of a dynamic argument, e.g. {"arg0": [128, 1024]} or {"arg0": "128x1024"}; '
                                   '"f2.arg0" names the argument of function @f2 only; '
                                   f"each dim 1..{MAX_DIM}, at most {MAX_ELEMENTS} elements per argument")
@@ -83,11 +87,6 @@ class TilingRequest(BaseModel):
                              description="time the K plans predicted fastest and IREE's default with IREE on the "
                                          "server's CPU (hardware host-cpu only) and keep the fastest measured; "
                                          "0: the predicted best. search_stats.chosen_by says which")
-
-    @field_validator("shape_hints")
-    @classmethod
-    def _hints_as_lists(cls, hints: ShapeHints | None) -> ShapeHints | None:
-        return bounded_shape_hints(hints)
 
     @field_validator("buckets")
     @classmethod
